@@ -1,0 +1,23 @@
+"""GEMM: C = A @ B for row-major fp32 matrices."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(A, B)
+
+
+M, N, K = 512, 384, 256
+
+
+def get_inputs():
+    return [torch.randn(M, K), torch.randn(K, N)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,213 @@
+"""Typed settings, passed in explicitly.
+
+Only the CLI reads environment variables and turns them into these objects; library code never looks
+at `os.environ`, so two configurations can coexist in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_cache_root() -> Path:
+    """Where builds and cached measurements live unless a setting says otherwise."""
+    return Path.home() / ".cache" / "cutegen"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How CuTe sources are compiled and cached.
+
+    `nvcc`: compiler path; None searches PATH and then /usr/local/cuda/bin.
+    `cutlass_include`: a CUTLASS `include/` folder (holding `cute/` and `cutlass/`); None uses the
+    headers of the installed `nvidia-cutlass` wheel.
+    `arch`: e.g. "sm_90a"; None reads it off the current CUDA device (compile-only use must set it).
+    """
+
+    cache_dir: Path = field(default_factory=lambda: default_cache_root() / "build")
+    nvcc: str | None = None
+    cutlass_include: Path | None = None
+    arch: str | None = None
+    nvcc_timeout_s: float = 300.0
+    extra_flags: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------------------------------ llm
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """How model providers are reached. Keys come from the caller (the CLI reads ANTHROPIC_API_KEY,
+    OPENAI_API_KEY, CUTEGEN_OPENAI_COMPATIBLE_API_KEY and CUTEGEN_BASE_URL).
+
+    `base_url`: the server of `openai-compatible:MODEL` when the spec carries no `@URL`.
+    `max_retries`: retries of a transient failure (429, 5xx, timeout, dropped connection), with
+    exponential backoff from `retry_initial_s` up to `retry_max_s` between tries.
+    `price_table`: a JSON file of USD per million tokens whose entries override the built-in table.
+    `state_dir`: where `exchange:` (no folder) and relative exchange folders live, and where the
+    replay provider logs what it served; the agent sets it to the run directory.
+    `replay_delay_s`: a pause before each replayed reply (lets tests interrupt a run mid-call).
+    """
+
+    anthropic_api_key: str | None = None
+    openai_api_key: str | None = None
+    compatible_api_key: str | None = None
+    base_url: str | None = None
+    timeout_s: float = 600.0
+    max_retries: int = 4
+    retry_initial_s: float = 2.0
+    retry_max_s: float = 60.0
+    temperature: float | None = None
+    price_table: Path | None = None
+    state_dir: Path | None = None
+    replay_delay_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- agent
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Run-wide spending limits; None = no limit. Checked before each new model call or evaluation
+    (replayed steps are free: they were paid for when they were recorded)."""
+
+    llm_calls: int | None = None
+    tokens: int | None = None  # input + output
+    usd: float | None = None
+    gpu_s: float | None = None
+    wall_s: float | None = None  # summed over the sessions of a resumed run
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The generate / repair / optimize workflow of `cutegen.agent`.
+
+    `rounds`: optimization rounds per task (each from the best correct kernel so far).
+    `repairs`: repair attempts per failing candidate before starting over from the last good kernel.
+    `generations`: fresh `generate` attempts per task while it has no correct kernel.
+    `patience`: stop a task after this many rounds in a row without a gain of at least `min_gain`
+    (relative: 0.02 = 2% faster than the best so far).
+    `profiling`: "none", "immediate" or "delayed:K" (the profile block is withheld for the first K
+    optimization rounds).
+    `target_sol_fraction`: stop a task once its best kernel reaches this fraction of speed of light.
+    `max_tokens`: the reply limit of each call; `concurrency`: model calls in flight at once.
+    `knowledge_dir`: a folder of workload-class notes (`<class>.md`, `common.md`); None = built in.
+    """
+
+    rounds: int = 5
+    repairs: int = 3
+    generations: int = 3
+    patience: int = 3
+    min_gain: float = 0.02
+    profiling: str = "delayed:2"
+    target_sol_fraction: float = 0.9
+    max_tokens: int = 16384
+    concurrency: int = 4
+    budget: Budget = field(default_factory=Budget)
+    knowledge_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        from cutegen.errors import ConfigError
+
+        for name in ("rounds", "repairs", "patience", "max_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"Agent setting {name}={getattr(self, name)} is negative.", f"Give {name} >= 0.")
+        for name in ("generations", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Agent setting {name}={getattr(self, name)} is below 1.", f"Give {name} >= 1.")
+        profiling_delay(self.profiling)  # raises ConfigError when malformed
+
+
+def profiling_delay(schedule: str) -> int | None:
+    """Rounds the profile is withheld for: "none" -> None, "immediate" -> 0, "delayed:K" -> K."""
+    from cutegen.errors import ConfigError
+
+    text = schedule.strip().lower()
+    if text == "none":
+        return None
+    if text == "immediate":
+        return 0
+    head, _, tail = text.partition(":")
+    if head == "delayed" and tail.isdigit():
+        return int(tail)
+    raise ConfigError(
+        f"Profiling schedule {schedule!r} is not understood.",
+        "Use none, immediate, or delayed:K (K optimization rounds without profile feedback, e.g. delayed:2).",
+    )
+
+
+# ------------------------------------------------------------------------------------------ evaluate
+
+TRACKS = ("fp32", "tf32")
+BACKENDS = ("cute", "torch")
+DEVICES = ("cuda", "cpu")
+
+# atol = rtol per precision track for fp32 tensors, and for half-precision tensors in either track.
+TRACK_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2}
+HALF_TOLERANCE = 2e-2
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a candidate is judged (EVALUATION.md).
+
+    `track`: "fp32" (TF32 off for reference and baselines, atol = rtol = 1e-4) or "tf32" (TF32 on,
+    1e-2). `backend`: "cute" requires the candidate's own kernels; "torch" lets it use torch ops
+    (tests and ablations; the op and kernel audits are off). `device`: "cpu" only with backend torch.
+    `atol`/`rtol`: None derives them from the track and the tensors' dtype (`tolerance`).
+    `sol_slack`: how far past the speed-of-light bound (as a fraction) a time may be before it is
+    rejected; the peaks are measured rates, not physical limits. `review_speedup`: a speedup over
+    eager above this is flagged for review (not a failure).
+    """
+
+    track: str = "fp32"
+    backend: str = "cute"
+    device: str = "cuda"
+    correctness_trials: int = 5
+    adversarial_trials: int = 1
+    weight_seeds: int = 2
+    timing_trials: int = 100
+    warmup_trials: int = 10
+    timing_input_sets: int = 3
+    timed_output_checks: int = 3
+    build_timeout_s: float = 300.0
+    run_timeout_s: float = 180.0
+    atol: float | None = None
+    rtol: float | None = None
+    do_timing: bool = True
+    eager_baseline: bool = True
+    compile_baseline: bool = True
+    sol_slack: float = 0.05
+    review_speedup: float = 5.0
+    cache_dir: Path = field(default_factory=lambda: default_cache_root() / "eval")
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    gpus: tuple[int, ...] = (0,)
+    log_tail_bytes: int = 16384
+
+    def __post_init__(self) -> None:
+        from cutegen.errors import ConfigError
+
+        for name, value, allowed in (("track", self.track, TRACKS), ("backend", self.backend, BACKENDS),
+                                     ("device", self.device, DEVICES)):
+            if value not in allowed:
+                raise ConfigError(f"Evaluation {name} {value!r} is not one of {', '.join(allowed)}.",
+                                  f"Pass --{name} {allowed[0]} (or another of {', '.join(allowed)}).")
+        if self.device == "cpu" and self.backend != "torch":
+            raise ConfigError(
+                "Device cpu was asked for with backend cute; CuTe kernels run only on a CUDA device.",
+                "Use --device cuda on a GPU machine, or --backend torch to judge a torch candidate on CPU.",
+            )
+        if self.correctness_trials < 1 or self.weight_seeds < 1 or self.timing_trials < 1:
+            raise ConfigError(
+                "correctness_trials, weight_seeds and timing_trials must each be at least 1.",
+                "Raise the setting to 1 or more (defaults: 5, 2 and 100).",
+            )
+        if not self.gpus:
+            raise ConfigError("The GPU list is empty.", "Name at least one GPU index, e.g. 0.")
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(atol, rtol) for outputs compared in `dtype` ("float32", "bfloat16"...), unless overridden."""
+        base = HALF_TOLERANCE if dtype in HALF_DTYPES else TRACK_TOLERANCE[self.track]
+        return (base if self.atol is None else self.atol, base if self.rtol is None else self.rtol)

@@ -1,0 +1,54 @@
+"""Shared fixtures: paths to the shipped examples and, when present, a KernelBench checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_TASKS = REPO / "examples" / "tasks"
+
+
+def _kernelbench_root() -> Path | None:
+    # A user's machine has no KernelBench beside the repo: the tests that need it skip.
+    for candidate in (os.environ.get("CUTEGEN_KERNELBENCH"), REPO.parent / "shared" / "kernelbench"):
+        if candidate and (Path(candidate) / "level1").is_dir():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def kernelbench_root() -> Path:
+    root = _kernelbench_root()
+    if root is None:
+        pytest.skip("no KernelBench checkout (set CUTEGEN_KERNELBENCH to one)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def example_tasks() -> Path:
+    return EXAMPLE_TASKS
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def nvcc_available() -> bool:
+    return bool(shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists())
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    has_cuda = cuda_available()
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
