@@ -156,6 +156,8 @@ class EvalConfig:
     `track`: "fp32" (TF32 off for reference and baselines, atol = rtol = 1e-4) or "tf32" (TF32 on,
     1e-2). `backend`: "cute" requires the candidate's own kernels; "torch" lets it use torch ops
     (tests and ablations; the op and kernel audits are off). `device`: "cpu" only with backend torch.
+    `run_timeout_s` bounds each candidate stage in the worker (correctness, anticheat, timing);
+    `reference_timeout_s` the reference outputs, which are the task's cost, not the candidate's.
     `atol`/`rtol`: None derives them from the track and the tensors' dtype (`tolerance`).
     `sol_slack`: how far past the speed-of-light bound (as a fraction) a time may be before it is
     rejected; the peaks are measured rates, not physical limits. `review_speedup`: a speedup over
@@ -174,6 +176,7 @@ class EvalConfig:
     timed_output_checks: int = 3
     build_timeout_s: float = 300.0
     run_timeout_s: float = 180.0
+    reference_timeout_s: float = 900.0  # inputs are generated on the host: slow for huge tasks
     atol: float | None = None
     rtol: float | None = None
     do_timing: bool = True
@@ -211,3 +214,41 @@ class EvalConfig:
         """(atol, rtol) for outputs compared in `dtype` ("float32", "bfloat16"...), unless overridden."""
         base = HALF_TOLERANCE if dtype in HALF_DTYPES else TRACK_TOLERANCE[self.track]
         return (base if self.atol is None else self.atol, base if self.rtol is None else self.rtol)
+
+
+# -------------------------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """How Nsight Compute profiles a candidate (`cutegen profile`, the agent's profile feedback).
+
+    `ncu`, `cuobjdump`: a path or a name on PATH; None searches PATH, then /usr/local/cuda/bin.
+    `timeout_s` bounds the whole profiled run (importing torch, building the candidate when it is
+    not in the build cache, warm-up, the profiled forward and ncu's replays); the process group is
+    killed past it. `warmup`: unprofiled forwards first (lazy module loading, first-call
+    allocations). `forwards`: profiled forwards (the summary describes one). `max_launches`: at most
+    this many kernel launches are profiled. `extra_metrics`: request the metric list of
+    cutegen.profile.metrics on top of the ncu sections (off: sections only, the fallback when this
+    ncu rejects a name).
+    """
+
+    ncu: str | None = None
+    cuobjdump: str | None = None
+    timeout_s: float = 180.0
+    tool_timeout_s: float = 60.0  # ncu --import, --query-metrics and cuobjdump
+    warmup: int = 2
+    forwards: int = 1
+    max_launches: int = 64
+    extra_metrics: bool = True
+    seed: int = 0  # inputs and weights of the profiled forward (profiling needs no secret seed)
+
+    def __post_init__(self) -> None:
+        from cutegen.errors import ConfigError
+
+        if self.forwards < 1 or self.max_launches < 1 or self.warmup < 0 or self.timeout_s <= 0:
+            raise ConfigError(
+                f"Profile settings out of range (forwards={self.forwards}, max_launches={self.max_launches},"
+                f" warmup={self.warmup}, timeout_s={self.timeout_s}).",
+                "Use forwards >= 1, max_launches >= 1, warmup >= 0 and a positive timeout.",
+            )

@@ -165,6 +165,37 @@ class Verdict:
     build_s: float | None = None
     gpu_s: float | None = None
     log_tail: str = ""  # bounded tail of the worker's stdout/stderr, for humans
+    degenerate: tuple[str, ...] = ()  # trivial solutions (zeros, a constant...) that pass the task
+    noise_pct: float | None = None  # spread of the eager baseline timed twice; smaller gains are noise
+    needs_review: bool = False  # a speedup above the review threshold (not a failure)
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """Eager PyTorch and torch.compile times of a task's reference, by the candidates' protocol."""
+
+    task_id: str
+    task_sha256: str
+    track: str
+    device_name: str
+    torch_version: str
+    eager: TimingStats | None
+    eager_repeat: TimingStats | None  # eager timed again in the same run: the measurement noise
+    compiled: TimingStats | None  # None when not asked for or when torch.compile failed
+    compile_error: str | None = None
+    noise_pct: float | None = None  # |eager - eager_repeat| / min of the medians, in percent
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Compute and memory peaks of one device, for the speed-of-light bound."""
+
+    device_name: str
+    fp32_tflops: float  # fp32 on CUDA cores (SIMT)
+    tf32_tflops: float  # TF32 tensor cores, dense
+    half_tflops: float  # bf16/fp16 tensor cores, dense
+    bandwidth_gb_s: float  # device memory, bytes read + written per second
+    measured: tuple[str, ...] = ()  # which fields were measured on the device (the rest: datasheet)
 
 
 # ------------------------------------------------------------------------------------------------ llm
@@ -239,6 +270,7 @@ class Step:
     eval_key: str | None  # sha256 of (candidate, task, evaluation config): the evaluation cache key
     profile_shown: bool  # the prompt carried the profile block
     improved: bool = False  # this candidate became the task's best
+    log_path: str | None = None  # the evaluator's log tail (the verdict's log_tail is stored there)
 
 
 @dataclass(frozen=True)
@@ -260,3 +292,233 @@ class TaskResult:
     output_tokens: int
     cost_usd: float
     gpu_s: float
+
+
+# ---------------------------------------------------------------------------------------------- bench
+
+
+@dataclass(frozen=True)
+class TrajectoryPoint:
+    """One agent step of a task, as the report plots it (speedup by step, with stage markers)."""
+
+    index: int  # the step's index within the task
+    stage: str  # "generate", "repair_build", "repair_correctness" or "optimize"
+    round: int  # optimize round, 0 before the first correct kernel
+    passed: bool
+    speedup_vs_eager: float | None  # of this step's candidate (None unless it passed and was timed)
+    best_speedup_vs_eager: float | None  # of the task's best kernel after this step
+    profile_shown: bool  # the step's prompt carried profiler feedback
+    improved: bool  # this step's candidate became the task's best
+    outcome: str  # "passed", "failed at <stage>: <check>" or "unusable reply"
+
+
+@dataclass(frozen=True)
+class BenchTaskResult:
+    """The result of one task (or one candidate sample of it) in a suite run.
+
+    `level`, `problem_id`, `sample_id`, `compiled`, `correctness`, `runtime` and `ref_runtime` carry
+    KernelBench's field names and meanings: `runtime` and `ref_runtime` are mean times in
+    microseconds (the candidate's and eager PyTorch's), as KernelBench records them; every other
+    time is in the unit its name says. `correctness` is the evaluator's verdict: correct, clean of
+    anti-cheat findings, and timed.
+    """
+
+    task_id: str
+    name: str  # the task file stem
+    level: int | None
+    problem_id: int | None
+    sample_id: int | None  # the candidate file's sample id (--evaluate); None for an agent's best kernel
+    compiled: bool  # a candidate built and imported
+    correctness: bool
+    runtime: float | None  # microseconds, mean (KernelBench)
+    ref_runtime: float | None  # microseconds, mean of eager PyTorch (KernelBench)
+    status: str  # "done", "unfinished" (the agent had not ended the task) or "missing" (no candidate file)
+    stage_reached: str  # furthest evaluation stage of any candidate, "passed", "no_candidate" or "not_started"
+    failure: str | None  # the failed check of the furthest-reaching candidate, when none passed
+    median_ms: float | None
+    eager_median_ms: float | None
+    compile_median_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    sol_fraction: float | None
+    needs_review: bool
+    degenerate: tuple[str, ...]  # trivial solutions the evaluator's probe found passing the task
+    excluded: tuple[str, ...]  # why the task is outside the clean subset (empty: inside)
+    candidate_sha256: str | None
+    candidate_path: str | None  # relative to the run directory
+    stop_reason: str | None
+    steps: int
+    rounds: int
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    gpu_s: float
+    trajectory: tuple[TrajectoryPoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """Suite metrics over one group of tasks (all, a level, the clean subset...).
+
+    fast_p (KernelBench): the fraction of the group's tasks whose kernel is correct AND faster than
+    the baseline by more than p (speedup > p); fast_0 is the correct fraction. A task with no measured
+    baseline counts as not fast against it. Means are over the correct tasks that have a measured
+    speedup (`speedups_eager` / `speedups_compile` of them); the geometric mean is the one to quote.
+    fast_p against a baseline is None when no task of the group had that baseline measured.
+    """
+
+    group: str  # "all", "level1", "clean", "clean level1"...
+    tasks: int
+    compiled: int
+    correct: int
+    fast_0: float | None  # None for an empty group
+    fast_1_eager: float | None
+    fast_2_eager: float | None
+    fast_1_compile: float | None
+    fast_2_compile: float | None
+    speedups_eager: int
+    mean_speedup_eager: float | None
+    geomean_speedup_eager: float | None
+    speedups_compile: int
+    mean_speedup_compile: float | None
+    geomean_speedup_compile: float | None
+    median_sol_fraction: float | None
+    llm_calls: int
+    cost_usd: float
+    gpu_s: float
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """A suite run as reports read it: where it came from, how it was judged, and its results.
+
+    `agent` and `evaluation` are the AgentConfig and judgement-relevant EvalConfig fields as the run
+    recorded them (JSON); `manifest` is `cutegen.manifest.machine_manifest()` of the machine that
+    wrote the results.
+    """
+
+    run_id: str
+    kind: str  # "agent" (the agent over a suite) or "evaluate" (existing candidate files judged)
+    path: Path
+    model: str | None  # provider spec of an agent run
+    recorded: bool  # the replies were replayed recordings, not a live model's output
+    suite: str | None  # the suite path as given
+    suite_commit: str | None
+    tasks_sha256: str  # hash of the task ids and sources: the exact task set
+    agent: dict
+    evaluation: dict
+    tolerance: dict
+    manifest: dict
+    results: tuple[BenchTaskResult, ...]
+    summary: tuple[GroupSummary, ...]
+
+
+# -------------------------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class StallReason:
+    """One warp-stall reason of a kernel, as Nsight Compute names it (e.g. "long_scoreboard")."""
+
+    reason: str
+    cycles_per_issue: float  # warp cycles spent stalled for this reason per issued instruction
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """Nsight Compute metrics of one kernel launch, in base units (seconds, bytes, percent)."""
+
+    launch_id: int  # ncu's launch index within the profiled range
+    name: str  # the kernel's symbol as ncu reports it (mangled)
+    display_name: str  # a short readable name
+    duration_s: float | None
+    sm_throughput_pct: float | None  # compute speed of light (busiest SM unit, % of peak)
+    memory_throughput_pct: float | None  # memory speed of light (busiest memory unit, % of peak)
+    dram_throughput_pct: float | None
+    dram_read_bytes: float | None
+    dram_write_bytes: float | None
+    achieved_occupancy_pct: float | None
+    theoretical_occupancy_pct: float | None
+    occupancy_limiter: str | None  # "registers", "shared memory", "block size", "blocks per SM", "barriers"
+    blocks_per_sm_limit: float | None  # the limiter's value (resident CTAs per SM)
+    registers_per_thread: int | None
+    block_size: int | None
+    grid_size: int | None
+    shared_memory_per_block_bytes: float | None
+    waves_per_sm: float | None
+    l1_hit_rate_pct: float | None
+    l2_hit_rate_pct: float | None
+    shared_bank_conflicts: float | None  # shared-memory load + store bank conflicts
+    issue_active_pct: float | None  # cycles an instruction issued, % of active cycles
+    warp_cycles_per_issue: float | None  # average cycles between two instructions of a warp
+    stalls: tuple[StallReason, ...]  # largest first (the "selected" pseudo-stall left out)
+    tensor_pipe_pct: float | None  # tensor-core pipe utilisation (mma.sync and wgmma), % of peak
+    fma_pipe_pct: float | None  # FP32 FMA pipe utilisation, % of peak
+    instructions_executed: float | None  # warp-level SASS instructions
+    ffma_thread_instructions: float | None  # thread-level FFMA instructions (2 FLOPs each)
+
+    @property
+    def dram_bytes(self) -> float | None:
+        parts = (self.dram_read_bytes, self.dram_write_bytes)
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+
+    @property
+    def dram_bytes_per_s(self) -> float | None:
+        total = self.dram_bytes
+        return total / self.duration_s if total is not None and self.duration_s else None
+
+
+@dataclass(frozen=True)
+class InstructionMix:
+    """Static SASS instruction counts of one kernel function (`cuobjdump -sass`): instructions in the
+    code, not executed ones. Tells which pipes the compiled code can use (tensor cores or FFMA only),
+    how wide its memory accesses are, and whether it spills."""
+
+    function: str  # the mangled symbol
+    instructions: int
+    hgmma: int  # warpgroup MMA (wgmma, sm_90a only)
+    hmma: int  # warp-level MMA (mma.sync: fp16, bf16, tf32)
+    other_mma: int  # integer, fp64, binary and fp8 MMAs (IMMA, DMMA, BMMA, IGMMA, QGMMA...)
+    ffma: int
+    fp32_other: int  # FADD and FMUL
+    global_loads: int
+    global_stores: int
+    widest_global_load_bits: int | None  # 32, 64 or 128; None when there is no global load
+    widest_global_store_bits: int | None
+    shared_loads: int
+    shared_stores: int
+    ldmatrix: int  # LDSM
+    cp_async: int  # LDGSTS (global -> shared without registers)
+    tma: int  # UTMALDG / UTMASTG / UBLKCP (Hopper bulk copies)
+    local_memory: int  # LDL / STL: register spills or local arrays
+    shuffles: int
+    barriers: int
+
+    @property
+    def tensor_core(self) -> int:
+        return self.hgmma + self.hmma + self.other_mma
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What Nsight Compute measured on one forward of a candidate, with a diagnosis in CuTe terms."""
+
+    task_id: str
+    candidate_sha256: str
+    tool: str  # the ncu version line
+    device_name: str | None
+    kernels: tuple[KernelProfile, ...]  # the candidate's own launches, in launch order
+    instruction_mix: tuple[InstructionMix, ...]  # per kernel function of the candidate's libraries
+    total_duration_s: float | None  # sum over the launches
+    total_dram_bytes: float | None
+    dram_bytes_per_s: float | None  # total DRAM bytes / total duration
+    sol_bound_s: float | None  # the task's speed-of-light bound
+    sol_fraction: float | None  # sol_bound_s / total_duration_s (1.0 = at the bound)
+    diagnosis: str | None  # "memory-bound", "compute-bound", "latency-bound" or "launch-bound"
+    reasons: tuple[str, ...]  # the measurements behind the diagnosis
+    suggestions: tuple[str, ...]  # what to try next, in CuTe terms
+    findings: tuple[str, ...]  # instruction-mix warnings (e.g. wgmma compiled away)
+    other_kernels: tuple[str, ...] = ()  # kernels in the profiled range that are not the candidate's
+    metrics_missing: tuple[str, ...] = ()  # requested metrics this ncu/GPU does not have
+    wall_s: float | None = None

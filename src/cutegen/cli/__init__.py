@@ -53,7 +53,8 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> None:
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns a command's exit status instead of exiting.
+        code = app(args=argv, standalone_mode=False)
     except CutegenError as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
@@ -69,3 +70,5 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

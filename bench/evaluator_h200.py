@@ -1,0 +1,299 @@
+"""The hardened evaluator on a GPU: cheats caught, honest kernels passed, faults survived, timing
+fidelity and throughput.
+
+    python3 bench/evaluator_h200.py --out DIR [--sections cheats,honest,faults,fidelity,throughput]
+
+Sections (each bounded; results are written after every section, so a run cut short keeps what it did):
+- cheats: every tests/fixtures/cheats/*.py (headers `# caught-by:`, `# task:`, `# backend:`) through
+  evaluate_candidate on CUDA: expected check, actual failure, OK / NOT-OK. "OK (earlier: X)" means
+  another check rejected it first.
+- honest: tests/fixtures/honest/*.py and examples/candidates/*.py must pass (the CuTe ones timed,
+  against eager and torch.compile).
+- faults: tests/fixtures/faults/*.py for CUDA (kernel that never ends, illegal address, host segfault,
+  device OOM, build that hangs): the failure named, and the next evaluation (in a fresh worker) passes.
+- fidelity: examples/candidates/swish_scale_cute.py on a 16384x4096 input, evaluated 5 times: spread
+  of the medians; with ncu, the kernel's gpu__time_duration against the event-timed median.
+- throughput: 16 distinct small CuTe candidates, built in parallel (CPU workers), then evaluated one
+  after the other with timing: evaluations per GPU-minute.
+Writes DIR/evaluator-h200.json and DIR/evaluator-h200.md with the machine manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
+    sys.path.insert(0, str(REPO / "src"))
+
+from cutegen.config import EvalConfig  # noqa: E402
+from cutegen.evaluate.pipeline import evaluate_candidate, prebuild_candidates  # noqa: E402
+from cutegen.evaluate.worker import WorkerPool  # noqa: E402
+from cutegen.tasks import load_task  # noqa: E402
+
+TASKS = REPO / "examples" / "tasks"
+FIXTURES = REPO / "tests" / "fixtures"
+SWISH_CUTE = REPO / "examples" / "candidates" / "swish_scale_cute.py"
+SECTIONS = ("cheats", "honest", "faults", "fidelity", "throughput")
+# A check that works by making another one fire: churned memory shows up as NaN or wrong values.
+EQUIVALENT = {"churn_free_memory": {"check_nonfinite", "compare_outputs", "determinism"}}
+
+
+def headers(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines()[:15]:
+        match = re.match(r"#\s*([\w-]+):\s*(.+)$", line)
+        if match:
+            found.setdefault(match.group(1), match.group(2).strip())
+    return found
+
+
+def task_for(name: str) -> Any:
+    return load_task(TASKS / f"{name}.py")
+
+
+def judge_row(path: Path, verdict: Any, expected: str | None, started: float) -> dict[str, Any]:
+    failed = {c.name for c in verdict.checks if not c.passed} | {
+        f.check for c in verdict.checks if not c.passed for f in c.findings}
+    if expected is None:
+        status = "OK" if verdict.passed else "NOT-OK"
+    elif verdict.passed:
+        status = "NOT-OK"
+    elif expected == verdict.failure or expected in failed or verdict.failure in EQUIVALENT.get(expected, ()):
+        status = "OK"
+    else:
+        status = f"OK (earlier: {verdict.failure})"
+    return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": verdict.failure,
+            "stage": verdict.stage, "status": status, "s": round(time.perf_counter() - started, 2),
+            "feedback": verdict.feedback[:400], "speedup_vs_eager": verdict.speedup_vs_eager,
+            "speedup_vs_compile": verdict.speedup_vs_compile, "sol_fraction": verdict.sol_fraction,
+            "median_ms": verdict.timing.median_ms if verdict.timing else None}
+
+
+def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | None) -> dict[str, Any]:
+    info = headers(path)
+    started = time.perf_counter()
+    backend = info.get("backend", "cute")
+    task = task_for(info.get("task") or path.stem.removesuffix("_cute"))
+    try:
+        verdict = evaluate_candidate(path, task, replace(config, backend=backend), pool=pool)
+    except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
+        return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": None,
+                "status": "ERROR", "error": f"{type(err).__name__}: {err}"[:800]}
+    return judge_row(path, verdict, expected, started)
+
+
+def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
+    config = replace(ctx["config"], do_timing=False)
+    rows = [run_one(p, config, ctx["pool"], headers(p).get("caught-by"))
+            for p in sorted((FIXTURES / "cheats").glob("*.py"))]
+    return {"rows": rows, "ok": sum(r["status"].startswith("OK") for r in rows), "total": len(rows)}
+
+
+def section_honest(ctx: dict[str, Any]) -> dict[str, Any]:
+    timed = replace(ctx["config"], timing_trials=30)
+    paths = sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py"))
+    rows = [run_one(p, timed if headers(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
+                    ctx["pool"], None) for p in paths]
+    return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
+
+
+def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
+    config = replace(ctx["config"], do_timing=False, run_timeout_s=15.0, build_timeout_s=15.0)
+    rows = []
+    for path in sorted((FIXTURES / "faults").glob("*.py")):
+        info = headers(path)
+        if info.get("device") not in ("cuda", "any"):
+            continue
+        row = run_one(path, replace(config, backend=info.get("backend", "cute")), ctx["pool"], info["fault"])
+        after = run_one(SWISH_CUTE, config, ctx["pool"], None)
+        row["next_evaluation"] = after["status"]
+        row["status"] = "OK" if row["status"] == "OK" and after["status"] == "OK" else "NOT-OK"
+        rows.append(row)
+    return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
+
+
+LARGE_SWISH = """\"\"\"swish_scale on a large input (timing fidelity).\"\"\"
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x) * self.scale
+
+
+def get_inputs():
+    return [torch.randn(16384, 4096)]
+
+
+def get_init_inputs():
+    return [1.5]
+"""
+
+NCU_DRIVER = """
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("candidate", sys.argv[1])
+module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+model = module.ModelNew(1.5)
+x = torch.randn(16384, 4096, device="cuda")
+for _ in range(5):
+    model(x)
+torch.cuda.synchronize()
+"""
+
+
+def ncu_kernel_ms(workdir: Path, env: dict[str, str]) -> dict[str, Any] | None:
+    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
+    if ncu is None:
+        return None
+    driver = workdir / "ncu_driver.py"
+    driver.write_text(NCU_DRIVER)
+    cmd = [ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv",
+           sys.executable, str(driver), str(SWISH_CUTE)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=workdir)
+    values = []
+    for line in done.stdout.splitlines():
+        cells = [c.strip('"') for c in line.split('","')]
+        if len(cells) > 3 and "gpu__time_duration.sum" in line and "swish" in line:
+            unit, value = cells[-2], float(cells[-1].replace(",", ""))
+            values.append(value * {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(unit, 1e-6))
+    if not values:
+        return {"error": (done.stdout[-1500:] + done.stderr[-1500:])}
+    return {"kernel_ms_median": statistics.median(values), "launches": len(values)}
+
+
+def section_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="cutegen-fidelity-"))
+    task_path = workdir / "swish_scale_large.py"
+    task_path.write_text(LARGE_SWISH)
+    task = load_task(task_path)
+    # One trial each: the host-side float64 comparisons of a 64M-element output dominate otherwise.
+    config = replace(ctx["config"], compile_baseline=False, correctness_trials=1, adversarial_trials=0,
+                     weight_seeds=1)
+    medians, verdicts = [], []
+    for _ in range(5):
+        verdict = evaluate_candidate(SWISH_CUTE, task, config, pool=ctx["pool"])
+        verdicts.append({"passed": verdict.passed, "failure": verdict.failure, "feedback": verdict.feedback[:300]})
+        if verdict.timing is not None:
+            medians.append(verdict.timing.median_ms)
+    result: dict[str, Any] = {"medians_ms": medians, "verdicts": verdicts}
+    if medians:
+        result["spread_pct"] = (max(medians) - min(medians)) / min(medians) * 100
+        result["median_ms"] = statistics.median(medians)
+        result["bytes_per_s_tb"] = 2 * 16384 * 4096 * 4 / (result["median_ms"] * 1e-3) / 1e12
+        result["sol_fraction"] = verdict.sol_fraction
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    try:
+        result["ncu"] = ncu_kernel_ms(workdir, env)
+    except Exception as err:  # noqa: BLE001
+        result["ncu"] = {"error": f"{type(err).__name__}: {err}"}
+    if medians and result["ncu"] and "kernel_ms_median" in result["ncu"]:
+        result["event_over_ncu"] = result["median_ms"] / result["ncu"]["kernel_ms_median"]
+    return result
+
+
+def section_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="cutegen-throughput-"))
+    source = SWISH_CUTE.read_text()
+    paths = []
+    for k in range(16):  # distinct sources (hence distinct builds), same kernel
+        path = workdir / f"swish_variant_{k:02d}.py"
+        path.write_text(source.replace("#include <cstdint>", f"// variant {k}\n#include <cstdint>", 1))
+        paths.append(path)
+    config = replace(ctx["config"], compile_baseline=False)
+    jobs = max(1, min(8, (os.cpu_count() or 2) // 2))
+    started = time.perf_counter()
+    built = prebuild_candidates(paths, config, jobs=jobs)
+    build_wall = time.perf_counter() - started
+    task = task_for("swish_scale")
+    evaluate_candidate(SWISH_CUTE, task, config, pool=ctx["pool"])  # baselines measured and cached first
+    started = time.perf_counter()
+    verdicts = [evaluate_candidate(p, task, config, pool=ctx["pool"]) for p in paths]
+    eval_wall = time.perf_counter() - started
+    return {"candidates": len(paths), "build_jobs": jobs, "build_wall_s": build_wall,
+            "builds_ok": sum(b["ok"] for b in built), "build_errors": [b for b in built if not b["ok"]][:3],
+            "eval_wall_s": eval_wall, "passed": sum(v.passed for v in verdicts),
+            "evaluations_per_gpu_minute": len(paths) / (eval_wall / 60.0),
+            "gpu_s_median": statistics.median(v.gpu_s or 0.0 for v in verdicts),
+            "cached_builds_in_eval": sum("cached" in c.detail for v in verdicts for c in v.checks if c.name == "build")}
+
+
+def write_report(out: Path, results: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evaluator-h200.json").write_text(json.dumps(results, indent=1, default=str))
+    lines = ["# Evaluator on the GPU", "", f"device: {results['manifest'].get('gpu', results['manifest'])}", ""]
+    for name, data in results["sections"].items():
+        lines.append(f"## {name} ({data.get('wall_s', 0):.0f} s)")
+        if "error" in data:
+            lines += ["", "```", data["error"][-2000:], "```", ""]
+            continue
+        if "rows" in data:
+            lines += ["", f"{data['ok']}/{data['total']} OK", "", "| fixture | expected | failure | status |",
+                      "|---|---|---|---|"]
+            lines += [f"| {Path(r['fixture']).name} | {r['expected']} | {r.get('failure')} | {r['status']} |"
+                      for r in data["rows"]]
+        else:
+            lines += ["", "```", json.dumps({k: v for k, v in data.items() if k != "verdicts"}, indent=1,
+                                            default=str)[:3000], "```"]
+        lines.append("")
+    (out / "evaluator-h200.md").write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="Start no further section once this many seconds have passed.")
+    parser.add_argument("--cache", type=Path, default=None, help="Evaluation cache (default: a fresh temp dir).")
+    args = parser.parse_args()
+    from cutegen.cli import env
+    from cutegen.manifest import machine_manifest
+    from cutegen.runtime import normalize_arch
+
+    begun = time.perf_counter()
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="cutegen-bench-eval-"))
+    runtime = replace(env.runtime_config(), cache_dir=cache / "build")
+    results: dict[str, Any] = {"manifest": machine_manifest(runtime), "sections": {}}
+    with WorkerPool("cuda") as pool:
+        major, minor = pool.info()["capability"]  # prebuilds and evaluations must share cache keys
+        runtime = replace(runtime, arch=runtime.arch or normalize_arch(f"sm_{major}{minor}"))
+        ctx = {"pool": pool, "config": EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime,
+                                                  run_timeout_s=120.0)}
+        for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
+            started = time.perf_counter()
+            if started - begun > args.budget_s:
+                results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}
+                continue
+            try:
+                data = globals()[f"section_{name}"](ctx)
+            except Exception:  # noqa: BLE001 - keep the other sections' results
+                data = {"error": traceback.format_exc()}
+            data["wall_s"] = time.perf_counter() - started
+            results["sections"][name] = data
+            write_report(args.out, results)
+            print(f"{name}: {data.get('ok', '')}/{data.get('total', '')} in {data['wall_s']:.0f} s", flush=True)
+    return 0 if all("error" not in d for d in results["sections"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""`cutegen optimize` and `cutegen resume`: run the agent over tasks, resumably.
+
+Exit statuses: 0 the run finished (every task ended; see report.md), 2 a usage or settings error,
+75 waiting for replies (every unfinished task waits on an `exchange` reply file: write the files
+named, then `cutegen resume RUN`), 76 needs a GPU (copy the run directory to a CUDA machine and run
+`cutegen resume RUN` there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from cutegen.cli import app
+
+if TYPE_CHECKING:
+    from cutegen.config import EvalConfig
+
+STATUS_HELP = (
+    "Exit status: 0 finished (see RUN/report.md); 2 bad settings; 75 waiting for replies (write the"
+    " exchange reply files, then `cutegen resume RUN`); 76 needs a GPU (move the run directory to a"
+    " CUDA machine and `cutegen resume RUN` there)."
+)
+console = Console(stderr=True)
+
+
+@app.command("optimize", help="Generate, test and refine a kernel for each task with a model. " + STATUS_HELP)
+def optimize_command(
+    tasks: list[Path] = typer.Argument(..., help="Task files, folders of task files, or a KernelBench checkout."),
+    model: str = typer.Option(..., "--model", "-m", help="anthropic:MODEL, openai:MODEL, "
+                              "openai-compatible:MODEL@URL, exchange:[DIR] or replay:FILE (recorded replies)."),
+    select: str = typer.Option(None, "--select", "-s", help="Task selector, e.g. level1:1-20 or '*relu*'."),
+    rounds: int = typer.Option(5, "--rounds", help="Optimization rounds per task."),
+    repairs: int = typer.Option(3, "--repairs", help="Repairs per failing candidate."),
+    generations: int = typer.Option(3, "--generations", help="Fresh starts per task while none is correct."),
+    patience: int = typer.Option(3, "--patience", help="Stop a task after this many rounds without gain."),
+    profiling: str = typer.Option("delayed:2", "--profiling", help="none, immediate or delayed:K."),
+    target_sol: float = typer.Option(0.9, "--target-sol", help="Stop a task at this fraction of speed of light."),
+    budget_usd: float = typer.Option(None, "--budget-usd", help="Run-wide dollar limit."),
+    budget_calls: int = typer.Option(None, "--budget-calls", help="Run-wide limit on model calls."),
+    budget_tokens: int = typer.Option(None, "--budget-tokens", help="Run-wide limit on tokens (in + out)."),
+    budget_gpu_s: float = typer.Option(None, "--budget-gpu-s", help="Run-wide limit on GPU seconds."),
+    budget_wall_s: float = typer.Option(None, "--budget-wall-s", help="Run-wide limit on wall seconds."),
+    backend: str = typer.Option("cute", "--backend", help="cute (own CuTe kernels) or torch (plain torch ops)."),
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (backend torch only)."),
+    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 or tf32."),
+    correctness_trials: int = typer.Option(5, "--correctness-trials", help="Correctness trials per candidate."),
+    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
+    compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
+                                          help="Also time torch.compile as a baseline."),
+    max_tokens: int = typer.Option(16384, "--max-tokens", help="Reply limit of each model call."),
+    concurrency: int = typer.Option(4, "--concurrency", help="Model calls in flight at once."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories are made."),
+    run_id: str = typer.Option(None, "--run-id", help="Name of the run directory (default: time + random)."),
+) -> None:
+    from cutegen.config import AgentConfig, Budget
+    from cutegen.journal import Journal, new_run_id, start_run
+    from cutegen.tasks import load_tasks
+
+    loaded = [task for path in tasks for task in load_tasks(path, select)]
+    budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
+                    wall_s=budget_wall_s)
+    agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
+                               profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
+                               concurrency=concurrency, budget=budget)
+    eval_config = _local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
+                                     timing_trials=timing_trials, compile_baseline=compile_baseline)
+    _check_unique(loaded)
+    _provider(model, None)  # a missing key or file fails here, before the run directory exists
+    run_dir = runs_dir / (run_id or new_run_id())
+    spec = _provider_spec_for_run(model)
+    journal = Journal.create(run_dir)
+    _copy_replay_file(model, run_dir)
+    start_run(journal, loaded, spec, agent_config, eval_config)
+    console.print(f"run directory: {run_dir}")
+    _execute(journal, agent_config, eval_config)
+
+
+@app.command("resume", help="Continue a run from its journal: recorded replies and finished evaluations are"
+                            " not repeated; works on another machine or path. " + STATUS_HELP)
+def resume_command(
+    run: Path = typer.Argument(..., help="The run directory (runs/<id>)."),
+    concurrency: int = typer.Option(None, "--concurrency", help="Model calls in flight at once."),
+) -> None:
+    from cutegen.config import AgentConfig
+    from cutegen.journal import Journal, from_json, load_run
+
+    journal = Journal.open(run)
+    setup = load_run(journal)
+    agent_config = from_json(AgentConfig, setup.agent)
+    if concurrency:
+        agent_config = from_json(AgentConfig, {**setup.agent, "concurrency": concurrency})
+    eval_config = _local_eval_config(**setup.evaluation)
+    _execute(journal, agent_config, eval_config)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _local_eval_config(**fields) -> EvalConfig:
+    """An EvalConfig with this machine's caches and toolchain and the given judgement settings."""
+    from cutegen.cli import env
+    from cutegen.config import EvalConfig
+    from cutegen.journal import from_json
+    from cutegen.records import to_json
+
+    local = EvalConfig(backend="torch", device="cpu", cache_dir=env.cache_root() / "eval", runtime=env.runtime_config())
+    return from_json(EvalConfig, {**to_json(local), **fields})
+
+
+def _provider_spec_for_run(model: str) -> str:
+    """The spec as the run records it: a replay file is copied into the run directory and an
+    exchange folder given on the command line is made absolute (relative paths in a recorded spec
+    are relative to the run directory)."""
+    kind, _, rest = model.partition(":")
+    if kind == "replay" and rest:
+        return "replay:replay.jsonl"
+    if kind == "exchange" and rest:
+        return f"exchange:{Path(rest).expanduser().resolve()}"
+    return model
+
+
+def _copy_replay_file(model: str, run_dir: Path) -> None:
+    kind, _, rest = model.partition(":")
+    if kind == "replay" and rest:
+        (run_dir / "replay.jsonl").write_bytes(Path(rest).expanduser().read_bytes())
+
+
+def _provider(spec: str, run_dir: Path | None):
+    from cutegen.cli import env
+    from cutegen.llm import provider_from_spec
+
+    return provider_from_spec(spec, env.provider_settings(state_dir=run_dir.resolve() if run_dir else None))
+
+
+def _check_unique(tasks) -> None:
+    from cutegen.errors import ConfigError
+
+    seen: set[str] = set()
+    for task in tasks:
+        if task.task_id in seen:
+            raise ConfigError(f"Task {task.task_id} is given twice.", "Name each task once.")
+        seen.add(task.task_id)
+
+
+def _execute(journal, agent_config, eval_config) -> None:
+    from cutegen.agent import EXIT_NEEDS_GPU, EXIT_WAITING, Agent
+    from cutegen.journal import load_run, write_outputs
+
+    setup = load_run(journal)
+    provider = _provider(setup.model, journal.run_dir.resolve())
+    rows: dict[str, tuple] = {t.task_id: (None, "queued") for t in setup.tasks}
+    with Live(_table(rows), console=console, refresh_per_second=4, transient=False) as live:
+        def on_progress(result, activity: str) -> None:
+            rows[result.task_id] = (result, activity)
+            live.update(_table(rows))
+
+        agent = Agent(journal, provider, agent_config, eval_config, profiler=_profiler(agent_config, eval_config),
+                      on_progress=on_progress)
+        journal.begin_session(host=platform.node(), argv=sys.argv[1:])
+        status = asyncio.run(agent.run(list(setup.tasks)))
+    results = [agent.result(t.task_id) for t in setup.tasks]
+    write_outputs(journal, results)
+    journal.append("exit", status=status, pending=[r.task_id for r in results if r.status != "done"])
+    typer.echo(f"report: {journal.run_dir / 'report.md'}")
+    if status == EXIT_WAITING:
+        folder = getattr(provider, "folder", None)
+        console.print(f"waiting for replies: write the reply files in {folder} (see the *.request.md files there),"
+                      f" then run `cutegen resume {journal.run_dir}`.")
+    elif status == EXIT_NEEDS_GPU:
+        console.print(f"needs a GPU: copy {journal.run_dir} to a machine with a CUDA device and run"
+                      f" `cutegen resume RUN` there.")
+    # sys.exit, not typer.Exit: click returns an Exit's code (instead of exiting) when it does not
+    # run in standalone mode, and the status is this command's answer.
+    sys.exit(status)
+
+
+def _profiler(agent_config, eval_config):
+    """Nsight Compute feedback for the schedule's profile slot; only a CUDA run can be profiled."""
+    if agent_config.profiling == "none" or eval_config.device != "cuda":
+        return None
+    from cutegen.cli import env
+    from cutegen.profile import make_profiler
+
+    return make_profiler(env.profile_config(), notify=lambda message: console.print(f"[yellow]{message}[/]"))
+
+
+def _table(rows: dict) -> Table:
+    table = Table(title="cutegen optimize", title_justify="left")
+    for column in ("task", "stage", "steps", "rounds", "best vs eager", "calls", "cost $"):
+        table.add_column(column, justify="left" if column in ("task", "stage") else "right")
+    for task_id, (result, activity) in rows.items():
+        if result is None:
+            table.add_row(task_id, activity, "-", "-", "-", "-", "-")
+            continue
+        speedup = f"{result.speedup_vs_eager:.3g}x" if result.speedup_vs_eager is not None else "-"
+        table.add_row(task_id, activity, str(result.steps), str(result.rounds), speedup,
+                      str(result.llm_calls), f"{result.cost_usd:.4f}")
+    return table

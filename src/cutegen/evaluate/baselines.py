@@ -1,0 +1,123 @@
+"""Baselines: eager PyTorch and torch.compile, timed by the candidates' own protocol.
+
+Both are timed in a fresh worker with the precision track's settings (`timing.time_forward`, the
+same function that times candidates), on inputs drawn like the candidates' timing inputs. Eager is
+timed twice in each measurement; the spread of the two medians is the noise floor of the run (a
+difference between candidates smaller than it is not a gain). torch.compile uses the default
+(inductor) backend; when it fails or hangs, the error is recorded and eager still counts. Results
+are cached per (task source hash, track, device name, torch version), one JSON file per key written
+atomically, so `cutegen baseline` over a suite resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cutegen.errors import TaskError
+from cutegen.evaluate.cache import load_json, save_json, slug
+from cutegen.evaluate.timing import summarize, time_forward
+from cutegen.records import Baselines, Task, TimingStats, to_json
+
+_MAX_ERROR = 2000
+
+
+def measure_baseline(model: Any, sets: list[Any], device: Any, spec: dict[str, Any], kind: str) -> dict:
+    """In a worker: raw times of the reference, eager (twice) or compiled."""
+    def run(fn: Any) -> list[float]:
+        return time_forward(fn, sets, device=device, trials=spec["trials"], warmup=spec["warmup"]).times_ms
+
+    if kind == "eager":
+        return {"eager": run(model), "eager_repeat": run(model)}
+    import torch
+
+    try:
+        return {"compiled": run(torch.compile(model))}
+    except Exception as err:  # noqa: BLE001 - an unsupported op is a fact about the task, not a bug
+        return {"compiled": None, "compile_error": f"{type(err).__name__}: {err}"[:_MAX_ERROR]}
+
+
+def baselines_path(cache_dir: Path, task: Task, track: str, device_name: str, torch_version: str) -> Path:
+    name = f"{slug(task.task_id)}-{task.source_sha256[:16]}-{track}-{slug(device_name)}-torch{slug(torch_version)}"
+    return Path(cache_dir) / "baselines" / f"{name}.json"
+
+
+def load_baselines(path: Path) -> Baselines | None:
+    from cutegen.journal import from_json
+
+    data = load_json(path)
+    try:
+        return from_json(Baselines, data) if isinstance(data, dict) else None
+    except TypeError:
+        return None
+
+
+def _satisfies(cached: Baselines | None, config: Any) -> bool:
+    """A cached record serves when it holds what this configuration asks for."""
+    if cached is None:
+        return False
+    if config.eager_baseline and cached.eager is None:
+        return False
+    return not (config.compile_baseline and cached.compiled is None and cached.compile_error is None)
+
+
+def noise_pct(first: TimingStats | None, second: TimingStats | None) -> float | None:
+    if first is None or second is None or min(first.median_ms, second.median_ms) <= 0:
+        return None
+    return abs(first.median_ms - second.median_ms) / min(first.median_ms, second.median_ms) * 100.0
+
+
+def get_baselines(task: Task, config: Any, pool: Any) -> Baselines | None:
+    """The task's baselines from the cache, or measured now in a fresh worker and cached."""
+    if not (config.eager_baseline or config.compile_baseline):
+        return None
+    info = pool.info()
+    path = baselines_path(config.cache_dir, task, config.track, info["device_name"], info["torch_version"])
+    cached = load_baselines(path)
+    if _satisfies(cached, config):
+        return cached
+    with pool.worker() as worker:
+        baselines = _measure(task, config, worker)
+    save_json(path, to_json(baselines))
+    return baselines
+
+
+def _measure(task: Task, config: Any, worker: Any) -> Baselines:
+    from cutegen.evaluate.session import make_job
+    from cutegen.evaluate.worker import WorkerDied
+
+    job = make_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1, probe=False)
+    try:
+        _require(task, worker.call("reference", job, timeout_s=config.reference_timeout_s), "its reference")
+        worker.settle()
+        eager = repeat = None
+        if config.eager_baseline:
+            data = _require(task, worker.call("baseline", {"kind": "eager"}, timeout_s=config.run_timeout_s),
+                            "the eager baseline")
+            eager, repeat = summarize(data["eager"]), summarize(data["eager_repeat"])
+    except WorkerDied as died:
+        raise TaskError(
+            f"Measuring the baseline of task {task.task_id} failed: {died.detail}.\n{died.log_tail[-1500:]}",
+            "Run the task file on its own to check that its reference completes on this device.",
+        ) from None
+    compiled, error = None, None
+    if config.compile_baseline:
+        try:
+            reply = worker.call("baseline", {"kind": "compiled"}, timeout_s=config.run_timeout_s)
+        except WorkerDied as died:  # a compile that hangs or crashes: eager still counts
+            reply = {"ok": True, "data": {"compiled": None, "compile_error": f"{died.reason}: {died.detail}"}}
+        data = reply.get("data") or {"compiled": None, "compile_error": str(reply.get("error", ""))[:_MAX_ERROR]}
+        compiled = summarize(data["compiled"]) if data.get("compiled") else None
+        error = data.get("compile_error")
+    return Baselines(task.task_id, task.source_sha256, config.track, worker.info["device_name"],
+                     worker.info["torch_version"], eager, repeat, compiled, error, noise_pct(eager, repeat))
+
+
+def _require(task: Task, reply: dict[str, Any], what: str) -> dict[str, Any]:
+    if reply.get("ok"):
+        return reply["data"]
+    error = reply.get("error", {})
+    raise TaskError(
+        f"Task {task.task_id} failed while measuring {what}: {error.get('type')}: {error.get('message')}",
+        "Run the task file on its own (`python TASK.py` with a small driver) and fix the reference.",
+    )

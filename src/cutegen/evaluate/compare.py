@@ -1,0 +1,108 @@
+"""Compare a candidate's outputs with the reference's: the tolerance rule and its error report.
+
+The rule (EVALUATION.md, "Correctness"): an element passes when `|out - ref| <= atol + rtol * |ref|`.
+Everything is computed in float64 so that the report itself adds no rounding. NaN in both places and
+equal infinities count as equal (a reference that produces them is matched by producing them too);
+any other NaN or infinity in the difference is a mismatch with infinite error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from cutegen.records import ErrorStats
+
+if TYPE_CHECKING:
+    import torch
+
+
+def flatten_outputs(outputs: Any) -> list[Any]:
+    """The leaves of a forward's result, in order: a tensor gives [tensor], a tuple/list its items."""
+    if isinstance(outputs, (tuple, list)):
+        return [leaf for item in outputs for leaf in flatten_outputs(item)]
+    return [outputs]
+
+
+def _as_float64(value: Any) -> torch.Tensor:
+    import torch  # imported here so that importing this module stays cheap (nothing at import time)
+
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    tensor = tensor.detach()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor.resolve_conj())
+    return tensor.to(device="cpu", dtype=torch.float64)
+
+
+def _abs_diff(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|out - ref| with equal values (infinities included) and NaN-vs-NaN at 0, other NaN at inf."""
+    import torch
+
+    diff = (out - ref).abs()
+    same = (out == ref) | (torch.isnan(out) & torch.isnan(ref))
+    diff = torch.where(same, torch.zeros_like(diff), diff)
+    return torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
+
+
+def _threshold(ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """atol + rtol * |ref|; where the reference is NaN or infinite only an exact match passes."""
+    import torch
+
+    return torch.where(torch.isfinite(ref), atol + rtol * ref.abs(), torch.zeros_like(ref))
+
+
+def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float) -> ErrorStats:
+    """Error statistics of `outputs` against `ref_outputs` (a tensor, or a tuple/list of them).
+
+    max_rel_error is taken over elements whose reference is non-zero (a relative error against 0 is
+    undefined); rel_l2_error is ||out - ref||_2 / ||ref||_2 over all elements (0 when both are 0).
+    A structure or shape mismatch cannot be compared elementwise: every reference element then counts
+    as mismatched and the errors are infinite (check_output_types reports the reason).
+    """
+    import torch
+
+    outs, refs = flatten_outputs(outputs), flatten_outputs(ref_outputs)
+    total = sum(_as_float64(r).numel() for r in refs)
+    shapes_ok = len(outs) == len(refs) and all(
+        _as_float64(o).shape == _as_float64(r).shape for o, r in zip(outs, refs)
+    )
+    if not shapes_ok:
+        return ErrorStats(math.inf, math.inf, math.inf, total, total, atol, rtol)
+    max_abs = max_rel = 0.0
+    sq_diff = sq_ref = 0.0
+    mismatched = 0
+    for out, ref in zip(outs, refs):
+        o, r = _as_float64(out), _as_float64(ref)
+        if r.numel() == 0:
+            continue
+        diff = _abs_diff(o, r)
+        mismatched += int((diff > _threshold(r, atol, rtol)).sum())
+        max_abs = max(max_abs, float(diff.max()))
+        nonzero = (r != 0) & torch.isfinite(r)
+        if bool(nonzero.any()):
+            max_rel = max(max_rel, float((diff[nonzero] / r[nonzero].abs()).max()))
+        sq_diff += float((diff * diff).sum())
+        finite_ref = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+        sq_ref += float((finite_ref * finite_ref).sum())
+    rel_l2 = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
+    return ErrorStats(max_abs, max_rel, rel_l2, mismatched, total, atol, rtol)
+
+
+def first_mismatches(
+    outputs: Any, ref_outputs: Any, atol: float, rtol: float, limit: int = 5
+) -> tuple[str, ...]:
+    """Up to `limit` failing elements as 'output[i] at (r, c): got X, expected Y', for feedback that
+    shows a model where its kernel goes wrong."""
+    lines: list[str] = []
+    for k, (out, ref) in enumerate(zip(flatten_outputs(outputs), flatten_outputs(ref_outputs))):
+        o, r = _as_float64(out), _as_float64(ref)
+        if o.shape != r.shape:
+            lines.append(f"output[{k}]: shape {tuple(o.shape)}, expected {tuple(r.shape)}")
+            continue
+        bad = (_abs_diff(o, r) > _threshold(r, atol, rtol)).nonzero()
+        for index in bad[: limit - len(lines)].tolist():
+            where = tuple(index)
+            lines.append(f"output[{k}] at {where}: got {o[where].item():.6g}, expected {r[where].item():.6g}")
+        if len(lines) >= limit:
+            break
+    return tuple(lines[:limit])

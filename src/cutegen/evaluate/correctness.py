@@ -1,0 +1,347 @@
+"""Correctness: the candidate's outputs against the reference's, over unpredictable trials.
+
+The worker-side functions measure (`reference_trials`, `candidate_trials`, `determinism_run`); the
+parent turns the measurements into checks with `judge_correctness`. The protocol is stated once, in
+`candidate_trials`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from cutegen.config import HALF_DTYPES
+from cutegen.records import CheckResult, ErrorStats
+
+OUTLIER_FRACTION = 0.01
+# Adversarial strengths, strongest first: outlier scale for signed data, power for data in [0, 1].
+# A milder one is tried when the reference itself overflows on the stronger one.
+ADVERSARIAL_LADDER = ((64.0, 4.0), (8.0, 2.0))
+DETERMINISM_FACTOR = 0.1  # the determinism run must agree within a tenth of the track tolerance
+
+
+def unpredictable_seed() -> int:
+    """A 63-bit seed from os.urandom, drawn in the parent: nothing in the worker can predict it."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def trial_plan(correctness_trials: int, adversarial_trials: int, weight_seeds: int) -> list[dict]:
+    """Which inputs seed, weight seed and distribution each trial uses (all seeds fresh)."""
+    plan = []
+    for i in range(correctness_trials + adversarial_trials):
+        plan.append({"seed": unpredictable_seed(), "weight": i % weight_seeds,
+                     "adversarial": i >= correctness_trials})
+    return plan
+
+
+# ------------------------------------------------------------------------------------- in the worker
+
+
+def to_device(value: Any, device: Any) -> Any:
+    """A fresh copy of a tensor (or nested list/tuple of them) on `device`; other values as they are."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, copy=True)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    return copy.deepcopy(value)
+
+
+def tensors_of(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
+def adversarial_like(x: Any, seed: int, outlier_scale: float, power: float) -> Any:
+    """Heavy-tailed version of a float tensor (integer and bool tensors are left as the task made them).
+
+    Data inside [0, 1] (probabilities, masks) is raised to `power`, which piles mass near 0 and keeps
+    the range; other data is multiplied by a log-normal factor and 1% of its elements by
+    `outlier_scale`, keeping signs. Either way a kernel that assumes unit-scale inputs (a fixed max
+    in a softmax, a too-small accumulator, an unsafe exp) is exposed.
+    """
+    import torch
+
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+        return x
+    gen = torch.Generator().manual_seed(seed)
+    data = x.detach().to("cpu", torch.float32)
+    if float(data.min()) >= 0.0 and float(data.max()) <= 1.0:
+        return data.pow(power).to(x.dtype).to(x.device)
+    tails = torch.exp(0.5 * torch.randn(data.shape, generator=gen))
+    outliers = torch.rand(data.shape, generator=gen) < OUTLIER_FRACTION
+    scaled = data * tails * torch.where(outliers, outlier_scale, 1.0)
+    return scaled.to(x.dtype).to(x.device)
+
+
+def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None) -> list[Any]:
+    """The task's inputs for `seed` (host copies), optionally made heavy-tailed."""
+    import torch
+
+    torch.manual_seed(seed)
+    inputs = list(module.get_inputs())
+    if adversarial is not None:
+        inputs = [adversarial_like(x, seed + k, *adversarial) for k, x in enumerate(inputs)]
+    return to_device(inputs, "cpu")
+
+
+def build_model(cls: type, init_inputs: Sequence[Any], seed: int, device: Any) -> Any:
+    """Construct `cls(*init_inputs)` right after `torch.manual_seed(seed)`, then move it: Model and
+    ModelNew built this way draw the same random numbers in the same order for the same layers."""
+    import torch
+
+    torch.manual_seed(seed)
+    return cls(*copy.deepcopy(list(init_inputs))).to(device)
+
+
+def weight_state(model: Any) -> dict[str, Any]:
+    return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+
+
+def compare_weights(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    """Same-named parameters and buffers must be bitwise equal (they were built from one seed)."""
+    import torch
+
+    shared = [name for name in reference if name in candidate]
+    differ = [n for n in shared if reference[n].shape != candidate[n].shape
+              or reference[n].dtype != candidate[n].dtype
+              or not torch.equal(reference[n], candidate[n])]
+    return {"compared": len(shared), "differ": differ, "reference_count": len(reference)}
+
+
+def lowest_precision(tensors: Sequence[Any]) -> str:
+    """The float dtype with the loosest tolerance among `tensors` ("float32" when none is half)."""
+    names = {str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()}
+    return next((n for n in HALF_DTYPES if n in names), "float32")
+
+
+@dataclass
+class Trial:
+    """One correctness trial as the worker keeps it: pristine host inputs and the reference output."""
+
+    seed: int
+    weight: int
+    adversarial: bool
+    inputs: list[Any]
+    reference: Any = None
+    ref_mutates: list[int] = field(default_factory=list)
+    note: str | None = None  # why an adversarial trial was made milder or skipped
+
+
+def run_reference(model: Any, trial_inputs: list[Any], device: Any) -> tuple[Any, list[int]]:
+    """The reference output (host copy) for one set of inputs, and which inputs it mutated."""
+    import torch
+
+    from cutegen.evaluate.checks_dynamic import inputs_mutated
+
+    args = to_device(trial_inputs, device)
+    with torch.no_grad():
+        out = model(*args)
+    return to_device(out, "cpu"), inputs_mutated(trial_inputs, args)
+
+
+def all_finite(value: Any) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in tensors_of(value) if t.is_floating_point())
+
+
+def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_finite: bool) -> Trial:
+    """One trial's inputs and reference output; an adversarial trial whose reference overflows where
+    clean inputs do not is retried milder, then skipped (the task's domain forbids such inputs)."""
+    if not spec["adversarial"]:
+        inputs = make_inputs(module, spec["seed"], None)
+        out, mutates = run_reference(model, inputs, device)
+        return Trial(spec["seed"], spec["weight"], False, inputs, out, mutates)
+    for strength in ADVERSARIAL_LADDER:
+        inputs = make_inputs(module, spec["seed"], strength)
+        out, mutates = run_reference(model, inputs, device)
+        if all_finite(out) or not clean_finite:
+            note = None if strength == ADVERSARIAL_LADDER[0] else f"milder outliers (x{strength[0]:g})"
+            return Trial(spec["seed"], spec["weight"], True, inputs, out, mutates, note)
+    return Trial(spec["seed"], spec["weight"], True, [], None, [],
+                 "skipped: the reference is not finite on heavy-tailed inputs")
+
+
+def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol: float, rtol: float,
+                     hooks: Any) -> list[dict[str, Any]]:
+    """Run the candidate on every trial by the correctness protocol (EVALUATION.md, "Correctness").
+
+    - Trials: `correctness_trials` (default 5) sets of inputs from fresh seeds drawn with os.urandom
+      in the parent, plus `adversarial_trials` (default 1) heavy-tailed sets (`adversarial_like`).
+      Trial i uses weight seed i mod `weight_seeds` (default 2): Model and ModelNew are each built
+      right after `torch.manual_seed(weight_seed)` with the same init inputs (so weights match by
+      construction), and same-named parameters and buffers are then checked to be bitwise equal.
+    - All reference outputs were computed before the candidate's module was imported, under the
+      track's TF32 settings, and kept on the host.
+    - Each side gets its own copy of the inputs. Before the candidate's first call the device's free
+      memory is filled with NaN and released (`churn_free_memory`), so memory the candidate allocates
+      cannot still hold a reference result. A trial's reference reaches the device only after the
+      candidate's call on those inputs, so later trials can at most find a reference for other
+      inputs in freed memory; the calls that reuse earlier inputs (determinism, timing) churn again.
+    - Outputs must be exact torch.Tensor objects of the reference's shape, dtype and device
+      (`check_output_types`), with no NaN/Inf where the reference has none (`check_nonfinite`).
+    - An input the reference leaves unchanged must be unchanged after the candidate's call.
+    - Elementwise tolerance `|out - ref| <= atol + rtol * |ref|` (`compare_outputs`), with max abs,
+      max rel and relative L2 errors and the first mismatching elements reported.
+    - Determinism (`determinism_run`): the first trial again, after another churn; the two outputs
+      must agree within a tenth of the tolerance (bitwise equality is reported too). Reordered
+      floating-point additions (atomics) stay well inside that; results that depend on leftover
+      memory or on a race do not.
+    - The parent applies the thresholds (`judge_correctness`); the worker only measures.
+    """
+    import torch
+
+    from cutegen.evaluate.checks_dynamic import inputs_mutated
+    from cutegen.evaluate.compare import compare_outputs, first_mismatches
+
+    results = []
+    for index, trial in enumerate(trials):
+        if trial.reference is None:
+            results.append({"index": index, "adversarial": trial.adversarial, "skipped": trial.note})
+            continue
+        args = to_device(trial.inputs, device)
+        if not results:
+            hooks.churn()
+        with torch.no_grad():
+            out = model_for(trial.weight)(*args)
+        hooks.synchronize()
+        ref = to_device(trial.reference, device)
+        findings = hooks.output_findings(out, ref)
+        mutated = [i for i in inputs_mutated(trial.inputs, args) if i not in trial.ref_mutates]
+        entry: dict[str, Any] = {"index": index, "adversarial": trial.adversarial, "note": trial.note,
+                                 "findings": findings, "mutated": mutated}
+        if not any(f["check"] == "check_output_types" for f in findings):
+            stats = compare_outputs(out, ref, atol, rtol)
+            entry["errors"] = stats
+            if stats.mismatched_elements:
+                entry["first_mismatches"] = list(first_mismatches(out, ref, atol, rtol))
+        results.append(entry)
+        del out, args, ref
+    return results
+
+
+def determinism_run(model: Any, trial: Trial, device: Any, atol: float, rtol: float,
+                    hooks: Any) -> dict[str, Any]:
+    """The candidate twice on identical inputs, with memory churned before each call."""
+    import torch
+
+    from cutegen.evaluate.compare import compare_outputs
+
+    outs = []
+    for _ in range(2):
+        args = to_device(trial.inputs, device)
+        hooks.churn()
+        with torch.no_grad():
+            outs.append(to_device(model(*args), "cpu"))
+        hooks.synchronize()
+    first, second = outs
+    pairs = list(zip(tensors_of(first), tensors_of(second)))
+    bitwise = len(pairs) == len(tensors_of(first)) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+        for a, b in pairs)
+    tight = compare_outputs(second, first, atol * DETERMINISM_FACTOR, rtol * DETERMINISM_FACTOR)
+    return {"bitwise": bitwise, "errors": tight}
+
+
+# ------------------------------------------------------------------------------------- in the parent
+
+
+def aggregate_errors(stats: Sequence[ErrorStats]) -> ErrorStats | None:
+    """Worst case over trials (max of maxima; mismatches and elements summed)."""
+    if not stats:
+        return None
+    return ErrorStats(
+        max_abs_error=max(s.max_abs_error for s in stats),
+        max_rel_error=max(s.max_rel_error for s in stats),
+        rel_l2_error=max(s.rel_l2_error for s in stats),
+        mismatched_elements=sum(s.mismatched_elements for s in stats),
+        total_elements=sum(s.total_elements for s in stats),
+        atol=stats[0].atol,
+        rtol=stats[0].rtol,
+    )
+
+
+def error_stats(data: Any) -> ErrorStats:
+    return ErrorStats(**{k: (float(v) if k not in ("mismatched_elements", "total_elements") else int(v))
+                         for k, v in data.items()})
+
+
+def _describe_trial(entry: dict[str, Any], count: int) -> str:
+    kind = "heavy-tailed inputs" if entry["adversarial"] else "normal inputs"
+    return f"trial {entry['index'] + 1} of {count}, {kind}"
+
+
+def mismatch_feedback(entry: dict[str, Any], stats: ErrorStats, count: int) -> str:
+    lines = [
+        f"Wrong output ({_describe_trial(entry, count)}): {stats.mismatched_elements} of"
+        f" {stats.total_elements} elements outside |out - ref| <= {stats.atol:g} + {stats.rtol:g} * |ref|"
+        f" (max abs error {stats.max_abs_error:.3g}, max rel error {stats.max_rel_error:.3g},"
+        f" relative L2 error {stats.rel_l2_error:.3g}).",
+    ]
+    if entry.get("first_mismatches"):
+        lines.append("First mismatches: " + "; ".join(entry["first_mismatches"]) + ".")
+    return "\n".join(lines)
+
+
+def judge_weights(weights: Sequence[dict[str, Any]]) -> CheckResult:
+    differ = sorted({name for w in weights for name in w["differ"]})
+    compared = max((w["compared"] for w in weights), default=0)
+    if differ:
+        return CheckResult(
+            "weights_match", "correctness", False,
+            f"ModelNew's parameters/buffers {', '.join(differ[:5])} differ from Model's after both were"
+            " built with the same seed and init inputs: create them in the same order and with the same"
+            " initialisation as Model (e.g. keep Model's nn.Linear/nn.Conv layers and read their"
+            " .weight/.bias in forward).")
+    detail = f"{compared} same-named parameters/buffers equal" if compared else "no parameters to compare"
+    return CheckResult("weights_match", "correctness", True, detail)
+
+
+def judge_trials(trials: Sequence[dict[str, Any]]) -> tuple[list[CheckResult], str | None, str | None]:
+    """Checks for the trials, the first failed check's name and its feedback (None when all pass)."""
+    from cutegen.records import Finding
+
+    count = len(trials)
+    for entry in trials:
+        if entry.get("skipped"):
+            continue
+        where = _describe_trial(entry, count)
+        for finding in entry["findings"]:
+            message = f"{finding['message']} ({where})"
+            check = CheckResult(finding["check"], "correctness", False, message, (Finding(**finding),))
+            return [check], finding["check"], message
+        if entry["mutated"]:
+            message = (f"The candidate changed input(s) {entry['mutated']} in place ({where}); the"
+                       " reference leaves them unchanged. Write results only to new output tensors.")
+            return [CheckResult("inputs_mutated", "correctness", False, message)], "inputs_mutated", message
+        stats = error_stats(entry["errors"]) if isinstance(entry["errors"], dict) else entry["errors"]
+        if stats.mismatched_elements or not math.isfinite(stats.max_abs_error):
+            message = mismatch_feedback(entry, stats, count)
+            return [CheckResult("compare_outputs", "correctness", False, message)], "compare_outputs", message
+    run = [e for e in trials if not e.get("skipped")]
+    checks = [CheckResult("compare_outputs", "correctness", True, f"{len(run)} trials within tolerance")]
+    checks += [CheckResult("adversarial_inputs", "correctness", True, str(e.get("skipped") or e.get("note")))
+               for e in trials if e["adversarial"] and (e.get("skipped") or e.get("note"))]
+    return checks, None, None
+
+
+def judge_determinism(data: dict[str, Any]) -> CheckResult:
+    stats = error_stats(data["errors"]) if isinstance(data["errors"], dict) else data["errors"]
+    if stats.mismatched_elements or not math.isfinite(stats.max_abs_error):
+        return CheckResult(
+            "determinism", "correctness", False,
+            f"Two runs on identical inputs disagree in {stats.mismatched_elements} elements (max abs"
+            f" difference {stats.max_abs_error:.3g}, allowed {stats.atol:g} + {stats.rtol:g} * |x|): the"
+            " output depends on uninitialised memory or on a race between threads.")
+    detail = "bitwise equal" if data["bitwise"] else f"equal within {stats.atol:g} (not bitwise)"
+    return CheckResult("determinism", "correctness", True, detail)

@@ -1,0 +1,58 @@
+"""The trivial-solution probe: would a kernel that does no work pass this task's correctness check?
+
+Some tasks have outputs that are exactly or nearly constant (a ReLU after a negative shift, a
+GroupNorm followed by a mean, a loss over iid inputs...), so returning zeros, one constant or a copy
+of an input passes the tolerance check. A "speedup" on such a task measures nothing; the probe finds
+these tasks from the reference outputs alone, once per task, and the report lists them separately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutegen.evaluate.compare import compare_outputs, flatten_outputs
+
+
+def _trivial_answers(refs: list[Any], inputs: list[Any]) -> dict[str, list[Any]]:
+    """Candidate do-nothing outputs, each shaped like the reference outputs."""
+    import torch  # imported here so that importing this module stays cheap
+
+    tensors = [r for r in refs if isinstance(r, torch.Tensor)]
+    if len(tensors) != len(refs) or not tensors:
+        return {}
+    answers = {
+        "zeros": [torch.zeros_like(r) for r in tensors],
+        "constant": [torch.full_like(r, _mean(r)) for r in tensors],
+    }
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor) and all(value.shape == r.shape for r in tensors):
+            answers[f"input_copy:{i}"] = [value.detach().to(r.device, r.dtype) for r in tensors]
+    return answers
+
+
+def _mean(tensor: Any) -> float:
+    import torch
+
+    if tensor.numel() == 0:
+        return 0.0
+    values = tensor.detach().to(torch.float64)
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else 0.0
+
+
+def trivial_solution_probe(ref_outputs: Any, inputs: list[Any], atol: float, rtol: float) -> tuple[str, ...]:
+    """Names of the trivial answers that pass `|out - ref| <= atol + rtol * |ref|` everywhere on these
+    reference outputs: "zeros", "constant" (each output's mean), "input_copy:i" (input i, when every
+    output has its shape). A non-empty result flags the task as degenerate.
+
+    `ref_outputs` is one forward's result (a tensor, or a tuple/list of tensors) and `inputs` the
+    arguments that produced it; for several trials, call once per trial and keep the names that pass
+    in all of them. Outputs that are not all tensors are not probed (empty result).
+    """
+    refs = flatten_outputs(ref_outputs)
+    passing = []
+    for name, answer in _trivial_answers(refs, list(inputs)).items():
+        stats = compare_outputs(answer, refs, atol, rtol)
+        if stats.mismatched_elements == 0:
+            passing.append(name)
+    return tuple(passing)

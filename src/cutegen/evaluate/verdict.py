@@ -1,0 +1,126 @@
+"""Assembling a Verdict in the parent: checks accumulate, the first failure stops the evaluation.
+
+Worker errors and deaths are turned into named failures with feedback a model can act on: the
+distilled compiler error, the exception and the candidate's line, or what killed the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutegen.records import CheckResult, ErrorStats, TimingStats, Verdict
+
+LOG_TAIL_CHARS = 4000
+
+_SIGNAL_HINTS = {
+    "SIGSEGV": "a segmentation fault: host code (the launcher or a ctypes call) touched invalid memory",
+    "SIGABRT": "an abort: a failed assertion or std::terminate in host code",
+    "SIGKILL": "killed from outside the worker, often by the system's out-of-memory killer",
+    "SIGBUS": "a bus error: a misaligned or unmapped host access",
+    "SIGFPE": "an arithmetic fault in host code (an integer division by zero)",
+}
+
+
+class Stop(Exception):
+    """Raised by `VerdictBuilder.fail`: the evaluation ends here."""
+
+
+class VerdictBuilder:
+    """Everything decided so far about one candidate."""
+
+    def __init__(self, task_id: str, sha256: str, config: Any) -> None:
+        self.base = {"task_id": task_id, "candidate_sha256": sha256, "track": config.track,
+                     "backend": config.backend}
+        self.checks: list[CheckResult] = []
+        self.stage = "static"
+        self.fields: dict[str, Any] = {}
+        self.failure: str | None = None
+        self.feedback = ""
+        self.gpu_s = 0.0
+        self.log_tail = ""
+
+    def add(self, check: CheckResult) -> None:
+        self.checks.append(check)
+
+    def set(self, **fields: Any) -> None:
+        self.fields.update(fields)
+
+    def fail(self, check: str, feedback: str, detail: str | None = None) -> None:
+        """Record a failed check at the current stage and stop."""
+        if not any(c.name == check and not c.passed for c in self.checks):
+            self.add(CheckResult(check, self.stage, False, detail if detail is not None else feedback))
+        self.failure, self.feedback = check, feedback
+        raise Stop(check)
+
+    def fail_check(self, check: CheckResult, feedback: str | None = None) -> None:
+        self.add(check)
+        self.fail(check.name, feedback or f"{check.name}: {check.detail}")
+
+    def verdict(self) -> Verdict:
+        return Verdict(**self.base, passed=self.failure is None, stage=self.stage, failure=self.failure,
+                       feedback=self.feedback, checks=tuple(self.checks),
+                       gpu_s=round(self.gpu_s, 3) if self.gpu_s else None,
+                       log_tail=self.log_tail[-LOG_TAIL_CHARS:], **self.fields)
+
+
+def died_feedback(reason: str, detail: str, stage: str, timeout_s: float) -> str:
+    """What to tell a model when the worker had to be killed or died."""
+    if reason == "build_timeout":
+        return (f"The build did not finish within {timeout_s:g} s and was killed. Reduce template"
+                " instantiation depth, unrolling and the number of kernel variants.")
+    if reason == "run_timeout":
+        return (f"The {stage} stage did not finish within {timeout_s:g} s and the worker was killed: a"
+                " kernel that never terminates (a loop bound or barrier that some threads never reach),"
+                " a deadlock, or an infinite loop in Python.")
+    if reason == "worker_crashed":
+        hint = next((h for sig, h in _SIGNAL_HINTS.items() if sig in detail), "")
+        return f"The worker process died: {detail}{': ' + hint if hint else ''}."
+    return f"The worker's channel broke during {stage} ({detail})."
+
+
+def crash_line(log_tail: str, candidate_file: str = "candidate.py") -> int | None:
+    """The candidate's innermost line in the Python stack the worker printed when it crashed."""
+    import re
+
+    lines = re.findall(rf'File "[^"]*{re.escape(candidate_file)}", line (\d+)', log_tail)
+    return int(lines[0]) if lines else None
+
+
+def error_failure(error: dict[str, Any], stage: str) -> tuple[str, str]:
+    """(failure name, feedback) for an exception the worker reported."""
+    kind = error.get("kind", "exception")
+    where = f" at line {error['candidate_line']} of the candidate" if error.get("candidate_line") else ""
+    message = f"{error.get('type')}: {error.get('message', '').strip()}"[:1500]
+    if kind == "build_error":
+        distilled = error.get("distilled") or error.get("message", "")
+        return "build_error", f"The build failed:\n{distilled.strip()[:2000]}"
+    if kind == "out_of_memory":
+        return "out_of_memory", f"Out of memory during {stage}{where}: {message}"
+    if kind in ("illegal_memory_access", "cuda_error"):
+        return kind, (f"CUDA error during {stage}{where}: {message}\nCheck index arithmetic and the"
+                      " predication of residue tiles; launch configuration limits; alignment of vector accesses.")
+    name = "import_error" if stage == "build" else "runtime_error"
+    verb = "importing the candidate" if stage == "build" else f"running the candidate ({stage})"
+    return name, f"{error.get('type')} while {verb}{where}: {error.get('message', '').strip()[:1500]}"
+
+
+def correct_feedback(errors: ErrorStats | None, timed: bool = True) -> str:
+    text = (f"Correct: {errors.total_elements} output elements over all trials within atol {errors.atol:g}"
+            f" + rtol {errors.rtol:g} (max abs error {errors.max_abs_error:.3g})." if errors else "Correct.")
+    return text if timed else text + " Not timed."
+
+
+def timing_feedback(timing: TimingStats, fields: dict[str, Any], errors: ErrorStats | None) -> str:
+    parts = [correct_feedback(errors)]
+    parts.append(f"Median {timing.median_ms:.4g} ms (IQR {timing.iqr_ms:.3g} ms, {timing.trials} trials).")
+    eager, compiled = fields.get("eager"), fields.get("compiled")
+    if eager is not None:
+        parts.append(f"{fields['speedup_vs_eager']:.3g}x vs eager PyTorch ({eager.median_ms:.4g} ms).")
+    if compiled is not None:
+        parts.append(f"{fields['speedup_vs_compile']:.3g}x vs torch.compile ({compiled.median_ms:.4g} ms).")
+    if fields.get("sol_fraction") is not None:
+        parts.append(f"{fields['sol_fraction'] * 100:.1f}% of the speed-of-light bound"
+                     f" ({fields['sol_bound_ms']:.4g} ms).")
+    if fields.get("noise_pct") is not None:
+        parts.append(f"Baseline noise: {fields['noise_pct']:.1f}%.")
+    return " ".join(parts)

@@ -1,0 +1,425 @@
+"""Isolation: each candidate is built and run in a worker process of its own.
+
+The protocol (EVALUATION.md, "Isolation"):
+
+- A worker is a fresh Python process (`python -m cutegen.evaluate.worker FD`) pinned to one GPU
+  through `CUDA_VISIBLE_DEVICES`, started in a fresh temporary working directory (also its TMPDIR),
+  with an allow-listed environment, in a process group of its own (`start_new_session`), with its
+  stdout and stderr merged into a pipe of which the parent keeps only the last `log_tail_bytes`.
+- A worker serves exactly one job (one candidate, one baseline measurement...). Nothing a candidate
+  does to the interpreter, to torch or to the CUDA context can reach the next candidate: the next job
+  gets a new process. Start-up (importing torch, creating the CUDA context, loading the profiler) is
+  paid in advance: the pool keeps one warmed spare per GPU, started as soon as the previous one was
+  taken; before anything is timed the job waits for that spare to be ready (`Worker.settle`), so
+  start-up work never overlaps a measurement.
+- Parent and worker talk over a private socket pair inherited as a file descriptor, in
+  length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
+  never stdout: what the candidate prints cannot pose as a result). The parent sends one command at a
+  time and waits for the reply with that command's timeout (build commands get the build timeout,
+  everything else the run timeout).
+- A timeout kills the whole process group with SIGKILL, and every descendant that started a group
+  of its own (nvcc does), found through /proc; a worker that dies (a segfault, an abort, the OOM
+  killer) or closes the channel ends the job with `WorkerDied`, whose `reason` names what happened.
+  A worker whose CUDA context is broken after a command (a sticky error, probed with a synchronize
+  and a tiny kernel) reports it, and is never used again, like every other worker.
+- The worker only measures; the parent decides pass or fail from the returned measurements.
+
+This is a robust harness against buggy and reward-hacking code, not a security sandbox: code in the
+worker runs with the user's rights, can read the files the user can read, can find the channel's
+file descriptor, and a process it double-forks into a new session (whose parent is then no longer
+the worker) escapes the kill. Run untrusted code from unknown sources in a container or VM as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from cutegen.errors import ToolchainError
+
+MAX_MESSAGE_BYTES = 64 << 20  # a reply larger than this is not from our code: treat as corrupted
+START_TIMEOUT_S = 300.0  # importing torch and creating a CUDA context on a busy machine
+
+# Passed through to the worker as they are; everything else in the parent's environment is dropped.
+# (The worker needs a working toolchain and Python; it does not need the user's API keys.)
+_ENV_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "SHELL", "LD_LIBRARY_PATH",
+              "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX", "OMP_NUM_THREADS",
+              "MKL_NUM_THREADS", "XDG_CACHE_HOME")
+_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_")
+
+
+class WorkerDied(Exception):
+    """The worker ended (or was ended) before replying: `reason` is a check name for the Verdict."""
+
+    def __init__(self, reason: str, detail: str, log_tail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason  # "run_timeout", "build_timeout", "worker_crashed", "worker_protocol"
+        self.detail = detail
+        self.log_tail = log_tail
+
+
+def worker_environment(source: dict[str, str], device: str, gpu: int | None, workdir: Path) -> dict:
+    """The allow-listed environment of a worker (the caller passes `os.environ` in)."""
+    env = {k: v for k, v in source.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
+    env["CUDA_VISIBLE_DEVICES"] = str(gpu) if device == "cuda" and gpu is not None else ""
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding `cutegen/`
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["TMPDIR"] = str(workdir)
+    env["PYTHONUNBUFFERED"] = "1"  # the log tail then holds what was printed right before a crash
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+class _Tail(threading.Thread):
+    """Drains the worker's stdout+stderr, keeping only the last `limit` bytes (memory stays bounded
+    and a worker that prints without end never blocks on a full pipe)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        super().__init__(daemon=True)
+        self._stream, self._limit, self._buf = stream, limit, bytearray()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := self._stream.read1(1 << 16):
+                with self._lock:
+                    self._buf += chunk
+                    if len(self._buf) > 2 * self._limit:
+                        del self._buf[: -self._limit]
+
+    def text(self) -> str:
+        with self._lock:
+            return bytes(self._buf[-self._limit:]).decode("utf-8", errors="replace")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children, grandchildren...), read from /proc; empty where
+    there is no /proc (there, only the worker's own process group is killed)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with status {returncode}"
+
+
+class Worker:
+    """One worker process and its private channel; serves one job, then is closed."""
+
+    def __init__(self, device: str, gpu: int | None, log_tail_bytes: int) -> None:
+        self.device, self.gpu = device, gpu
+        self.workdir = Path(tempfile.mkdtemp(prefix="cutegen-eval-"))
+        parent_sock, child_sock = socket.socketpair()
+        env = worker_environment(dict(os.environ), device, gpu, self.workdir)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cutegen.evaluate.worker", str(child_sock.fileno())],
+            cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
+        )
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self._tail = _Tail(self.process.stdout, log_tail_bytes)
+        self._tail.start()
+        self.info: dict[str, Any] = {}
+        self.closed = False
+        self.settle: Callable[[], None] = lambda: None  # set by the pool: see WorkerPool.worker
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Block until the worker has imported torch (and created its CUDA context)."""
+        if not self.info:
+            reply = self._receive(timeout_s, "worker_start_timeout", "start")
+            if not reply.get("ready"):
+                self.kill()
+                raise ToolchainError(
+                    f"An evaluation worker could not start: {reply.get('error', reply)}",
+                    "Check that torch imports in this Python and, for --device cuda, that"
+                    " `python -c 'import torch; torch.zeros(1, device=\"cuda\")'` works.",
+                )
+            self.info = reply
+        return self.info
+
+    def call(self, command: str, payload: Any = None, *, timeout_s: float,
+             timeout_reason: str = "run_timeout") -> dict[str, Any]:
+        """Send one command; return the worker's reply ({"ok": bool, "data" | "error": ...})."""
+        self.wait_ready()
+        try:
+            self.conn.send_bytes(json.dumps({"command": command, "payload": payload}).encode())
+        except OSError as err:
+            raise self._died("worker_crashed", f"the channel broke before {command}: {err}") from None
+        return self._receive(timeout_s, timeout_reason, command)
+
+    def _receive(self, timeout_s: float, timeout_reason: str, what: str) -> dict[str, Any]:
+        try:
+            ready = self.conn.poll(timeout_s)
+        except OSError:
+            ready = True  # a broken channel: recv below tells what happened
+        if not ready:
+            self._dump_stack()
+            raise self._died(timeout_reason, f"{what} did not finish within {timeout_s:g} s")
+        try:
+            raw = self.conn.recv_bytes(MAX_MESSAGE_BYTES)
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5.0)
+            status = _describe_exit(self.process.returncode)
+            raise self._died("worker_crashed", f"the worker {status} during {what}") from None
+        try:
+            reply = json.loads(raw)
+            if not isinstance(reply, dict):
+                raise ValueError("not an object")
+        except ValueError as err:
+            raise self._died("worker_protocol", f"the reply to {what} was not ours ({err})") from None
+        return reply
+
+    def _dump_stack(self) -> None:
+        """Ask a stuck worker for its Python stack (faulthandler on SIGUSR1), for the log tail: it
+        shows where the candidate was when it hung."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.process.pid, signal.SIGUSR1)
+            time.sleep(0.5)
+
+    def _died(self, reason: str, detail: str) -> WorkerDied:
+        self.kill()
+        return WorkerDied(reason, detail, self.log_tail())
+
+    def log_tail(self) -> str:
+        """The last bytes the worker printed (complete once the worker is closed)."""
+        return self._tail.text()
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group and every process it started in a group of its own
+        (nvcc runs in its own session), reap it and remove its working directory."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGSTOP)  # freeze the group: it starts nothing new
+        for pid in descendants(self.process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                group = os.getpgid(pid)
+                if group not in (self.process.pid, os.getpgrp()):
+                    os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30.0)
+        self._tail.join(timeout=2.0)  # the pipe closes with the group: collect the last output
+        self.conn.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        """End a worker that finished its job (asking first, then killing what is left)."""
+        if not self.closed and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(b'{"command": "exit"}')
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5.0)
+        self.kill()
+
+
+class WorkerPool:
+    """Hands out fresh, warmed workers: one at a time per slot (a GPU index, or a CPU slot).
+
+    `worker()` blocks until a slot is free, takes that slot's warmed spare (starting a new spare for
+    the next job at once) and closes the worker when the block ends, whatever happened in it.
+    """
+
+    def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, cpu_slots: int = 1,
+                 log_tail_bytes: int = 16384, warm_spares: bool = True) -> None:
+        self.device = device
+        self.slots: list[int | None] = list(gpus) if device == "cuda" else [None] * cpu_slots
+        self.log_tail_bytes = log_tail_bytes
+        self.warm_spares = warm_spares
+        self.device_info: dict[str, Any] | None = None  # the last ready worker's report
+        self._free = list(range(len(self.slots)))
+        self._spares: dict[int, Worker] = {}
+        self._cond = threading.Condition()
+
+    @classmethod
+    def for_config(cls, config: Any, **kwargs: Any) -> "WorkerPool":
+        return cls(config.device, tuple(config.gpus), log_tail_bytes=config.log_tail_bytes, **kwargs)
+
+    def _spawn(self, slot: int) -> Worker:
+        return Worker(self.device, self.slots[slot], self.log_tail_bytes)
+
+    @contextlib.contextmanager
+    def worker(self) -> Iterator[Worker]:
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            slot = self._free.pop(0)
+            spare = self._spares.pop(slot, None)
+        try:
+            worker = self._ready(spare, slot)
+            if self.warm_spares:
+                with self._cond:
+                    self._spares[slot] = self._spawn(slot)
+                worker.settle = lambda: self._settle(slot)
+            self.device_info = worker.info
+            try:
+                yield worker
+            finally:
+                worker.close()
+        finally:
+            with self._cond:
+                self._free.append(slot)
+                self._cond.notify()
+
+    def info(self) -> dict[str, Any]:
+        """The device's description (name, torch version...) from a ready worker; learning it starts
+        a slot's spare and waits for it without using it up, so cache lookups cost no worker."""
+        if self.device_info is None:
+            with self._cond:
+                slot = self._free[0] if self._free else 0
+                spare = self._spares.get(slot) or self._spawn(slot)
+                self._spares[slot] = spare
+            self.device_info = spare.wait_ready()
+        return self.device_info
+
+    def _settle(self, slot: int) -> None:
+        """Wait until the slot's new spare has finished starting (importing torch, creating its CUDA
+        context), so that no start-up work shares the GPU or the CPUs with a timing measurement."""
+        spare = self._spares.get(slot)
+        if spare is None:
+            return
+        try:
+            spare.wait_ready()
+        except (ToolchainError, WorkerDied):  # a failed spare is replaced at the next acquire
+            with self._cond:
+                self._spares.pop(slot, None)
+
+    def _ready(self, spare: Worker | None, slot: int) -> Worker:
+        """A ready worker: the spare, or a new one when the spare failed to start (a spare that
+        created its CUDA context while another job churned the GPU's memory may fail; one retry)."""
+        for attempt in range(2):
+            worker = spare if spare is not None and attempt == 0 else self._spawn(slot)
+            try:
+                worker.wait_ready()
+                return worker
+            except (ToolchainError, WorkerDied):
+                worker.kill()
+                if attempt == 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._cond:
+            spares, self._spares = list(self._spares.values()), {}
+        for worker in spares:
+            worker.kill()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------- the worker's side
+
+
+def _send(conn: Connection, message: dict[str, Any]) -> None:
+    conn.send_bytes(json.dumps(message, default=str).encode())
+
+
+def _startup_info() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {"ready": True, "pid": os.getpid(), "python": platform.python_version(),
+                            "torch_version": torch.__version__, "cuda": torch.cuda.is_available()}
+    if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
+        torch.zeros(1, device="cuda").add_(1)  # create the context now, off the critical path
+        _warm_profiler()
+        props = torch.cuda.get_device_properties(0)
+        info.update(device_name=props.name, capability=list(torch.cuda.get_device_capability(0)),
+                    l2_bytes=int(getattr(props, "L2_cache_size", 0)), total_memory=props.total_memory,
+                    cuda_runtime=torch.version.cuda)
+    else:
+        info.update(device_name=f"cpu ({platform.processor() or platform.machine()})")
+    return info
+
+
+def _warm_profiler() -> None:
+    """The first profiler session of a process loads CUPTI (about 5 s on an H200); the kernel audit
+    needs one, so a spare pays it while it waits."""
+    import torch
+
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a missing CUPTI only makes the first kernel audit slower
+        pass
+
+
+def serve(fd: int) -> None:
+    """The worker's loop: announce readiness, then run commands until "exit" or a closed channel."""
+    import faulthandler
+
+    faulthandler.enable()  # a segfault in a candidate's library prints the Python stack to the log tail
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's request before a timeout kill
+    conn = Connection(fd)
+    started = time.perf_counter()
+    try:
+        info = _startup_info()
+    except BaseException as err:  # noqa: BLE001 - report why we cannot start, whatever it is
+        _send(conn, {"ready": False, "error": f"{type(err).__name__}: {err}"[:2000]})
+        return
+    from cutegen.evaluate import session
+
+    info["start_s"] = time.perf_counter() - started
+    _send(conn, info)
+    state: dict[str, Any] = {}
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if message.get("command") == "exit":
+            return
+        _send(conn, session.run_command(state, message["command"], message.get("payload")))
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

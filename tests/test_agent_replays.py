@@ -1,0 +1,78 @@
+"""The shipped recorded replies: their candidates pass the static checks, and the CuTe ones compile
+(all but the first, whose compile error is the point) for sm_90a with nvcc, compile-only."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import RuntimeConfig
+from cutegen.errors import BuildError, ToolchainError
+from cutegen.evaluate.checks_static import run_static_checks
+from cutegen.extract import extract_candidate
+from cutegen.runtime import find_cutlass_include, find_kernels, find_nvcc
+
+REPLAYS = Path(__file__).resolve().parents[1] / "examples" / "replays"
+SEQUENCE = ["generate", "repair_build", "optimize", "optimize"]
+
+
+def replies(name: str) -> list[dict]:
+    return [json.loads(line) for line in (REPLAYS / name).read_text().splitlines()[1:]]
+
+
+@pytest.mark.parametrize(("name", "backend"),
+                         [("swish_scale_torch.jsonl", "torch"), ("swish_scale_cute.jsonl", "cute")])
+def test_replies_follow_the_workflow_and_pass_static_checks(name, backend):
+    lines = replies(name)
+    assert [line["stage"] for line in lines] == SEQUENCE
+    for line in lines:
+        candidate = extract_candidate(line["text"])
+        assert run_static_checks(candidate.source, backend=backend) == ()
+
+
+def _toolchain_problem() -> str | None:
+    try:
+        find_nvcc(RuntimeConfig())
+        find_cutlass_include(RuntimeConfig())
+    except ToolchainError as err:
+        return str(err)
+    return None
+
+
+def _kernel(text: str):
+    module = types.ModuleType("replayed_candidate")
+    exec(compile(extract_candidate(text).source, "replayed_candidate", "exec"), module.__dict__)  # noqa: S102
+    (kernel,) = find_kernels(module)
+    return kernel
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+def test_cute_replies_compile_except_the_broken_first(tmp_path):
+    config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
+    first, *fixed = replies("swish_scale_cute.jsonl")
+    with pytest.raises(BuildError) as err:
+        _kernel(first["text"]).build(config)
+    assert 'identifier "sigmoidf" is undefined' in err.value.distilled
+    for line in fixed:
+        result = _kernel(line["text"]).build(config)
+        assert result.arch == "sm_90a" and result.library_path.is_file()
+
+
+def test_gpu_bench_script_runs_its_checks_on_cpu(tmp_path):
+    """bench/agent_replay_h200.py gets one run on the GPU machine: its CPU dry run must pass here."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "agent_replay_h200.py"
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--cpu-dry-run", "--timing-trials", "5",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    result = json.loads((out / "agent_replay.json").read_text())
+    assert done.returncode == 0, (result.get("error"), result.get("traceback"), result["checks"])
+    assert [c["name"] for c in result["checks"] if not c["passed"]] == []
+    assert len(result["checks"]) == 8 and (out / "journal.jsonl").is_file()
+    assert "not a model's result" in (out / "agent_replay.md").read_text()

@@ -1,0 +1,460 @@
+"""Dynamic anti-cheat checks, run on the example tasks with real tensors.
+
+Each dynamic cheat fixture (tests/fixtures/cheats/, header `caught-by: <function>`) is run against its
+task's reference on CPU and the named function must catch it; fixtures marked `needs: cuda` run in
+the `gpu` tests at the end. Every honest fixture must pass every dynamic check (no false positives).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutegen.evaluate.checks_dynamic import (
+    OpAudit,
+    audit_kernels,
+    check_nonfinite,
+    check_output_types,
+    churn_free_memory,
+    classify_kernel,
+    disallowed_ops,
+    ghost_probe,
+    global_state_changes,
+    inputs_mutated,
+    new_threads,
+    snapshot_global_state,
+    thread_snapshot,
+)
+from cutegen.evaluate.compare import compare_outputs
+from cutegen.tasks import load_task, task_module
+
+REPO = Path(__file__).resolve().parents[1]
+CHEATS = REPO / "tests" / "fixtures" / "cheats"
+HONEST = REPO / "tests" / "fixtures" / "honest"
+TOL = 1e-4
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def header(path: Path) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].partition(":")
+        if sep and key.strip() in ("exploit", "caught-by", "task", "backend", "needs"):
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def fixtures_caught_by(name: str, *, cuda: bool = False) -> list[Path]:
+    found = [p for p in sorted(CHEATS.glob("[0-9][0-9]_*.py")) if header(p).get("caught-by") == name]
+    return [p for p in found if (header(p).get("needs") == "cuda") == cuda]
+
+
+HONEST_TORCH = [p for p in sorted(HONEST.glob("*.py")) if header(p).get("backend") == "torch"]
+HONEST_CUTE = [p for p in sorted(HONEST.glob("*.py")) if header(p).get("backend") == "cute"] + sorted(
+    (REPO / "examples" / "candidates").glob("*.py")
+)
+
+
+def task_name(path: Path) -> str:
+    """The fixture's `# task:`; a shipped example is named after its task (swish_scale_cute.py)."""
+    return header(path).get("task") or path.stem.removesuffix("_cute")
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"candidate_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def setup(path: Path, device: str = "cpu", seed: int = 0):
+    """(reference model, candidate model, inputs, task module) with matching weights, as the evaluator
+    builds them: same init inputs, same seed before each constructor."""
+    task = task_module(load_task(REPO / "examples" / "tasks" / f"{task_name(path)}.py"))
+    init = task.get_init_inputs()
+    torch.manual_seed(seed)
+    reference = task.Model(*init).to(device)
+    candidate_module = _load(path)
+    torch.manual_seed(seed)
+    candidate = candidate_module.ModelNew(*init).to(device)
+    torch.manual_seed(seed + 1)
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+    return reference, candidate, inputs, task
+
+
+def fresh_inputs(task, seed: int, device: str = "cpu") -> list:
+    torch.manual_seed(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+
+
+def clones(inputs):
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+# --------------------------------------------------------------------- honest: no false positives
+
+
+@pytest.mark.parametrize("path", HONEST_TORCH, ids=[p.stem for p in HONEST_TORCH])
+def test_honest_candidate_passes_every_dynamic_check(path):
+    reference, candidate, inputs, _ = setup(path)
+    expected = reference(*clones(inputs))
+    before_state, before_threads, kept = snapshot_global_state(), thread_snapshot(), clones(inputs)
+    with OpAudit() as audit:
+        out = candidate(*inputs)
+    assert audit.ops, "the audit records the torch backend's compute ops"
+    assert disallowed_ops(audit.ops, "torch") == []
+    assert check_output_types(out, expected) == []
+    assert check_nonfinite(out, expected) == []
+    assert inputs_mutated(kept, inputs) == []
+    assert global_state_changes(before_state, snapshot_global_state()) == []
+    assert new_threads(before_threads) == []
+    stats = compare_outputs(out, expected, TOL, TOL)
+    assert stats.mismatched_elements == 0, stats
+    assert ghost_probe(candidate, reference, inputs, tol=TOL) is None
+
+
+# ----------------------------------------------------------------------------- cheats: caught
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("disallowed_ops"), ids=lambda p: p.stem)
+def test_op_audit_catches_compute_the_ast_cannot_see(path):
+    _, candidate, inputs, _ = setup(path)
+    with OpAudit() as audit:
+        candidate(*inputs)
+    assert disallowed_ops(audit.ops, "cute")
+    assert disallowed_ops(audit.ops, "torch") == []
+
+
+RUNNABLE_STATIC_COMPUTE = [
+    CHEATS / name
+    for name in ("01_torch_matmul.py", "02_functional_gelu.py", "03_tensor_method_sum.py",
+                 "04_getattr_matmul.py", "05_helper_indirect.py", "06_calls_reference_model.py",
+                 "07_nn_module_call.py", "10_subclass_model.py")
+]
+
+
+@pytest.mark.parametrize("path", RUNNABLE_STATIC_COMPUTE, ids=lambda p: p.stem)
+def test_op_audit_also_catches_the_statically_caught_compute(path):
+    _, candidate, inputs, _ = setup(path)
+    with OpAudit() as audit:
+        candidate(*inputs)
+    assert disallowed_ops(audit.ops, "cute")
+
+
+def test_op_audit_allows_allocation_views_and_layout_copies():
+    x = torch.randn(8, 6)
+    with OpAudit() as audit:
+        out = torch.empty_like(x)
+        torch.zeros(3).fill_(1.0)
+        x.new_zeros(4).zero_()
+        x.t().contiguous().view(-1)
+        x[1:].reshape(-1, 2).unsqueeze(0).expand(2, -1, -1).permute(1, 0, 2)
+        torch.empty_strided((2, 2), (1, 2))
+        x.chunk(2)
+        out.new_empty(3)
+    assert len(audit.ops) >= 10
+    assert disallowed_ops(audit.ops, "cute") == []
+
+
+def test_op_audit_names_the_compute_ops():
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with OpAudit() as audit:
+        torch.matmul(a, b)
+        (a * 2).sum()
+        torch.nn.functional.relu(a)
+        a.to(torch.float64)
+    flagged = disallowed_ops(audit.ops, "cute")
+    assert flagged == ["aten.mm.default", "aten.mul.Tensor", "aten.sum.default", "aten.relu.default",
+                       "aten._to_copy.default"]
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("check_output_types"), ids=lambda p: p.stem)
+def test_output_types_catches(path):
+    reference, candidate, inputs, _ = setup(path)
+    problems = check_output_types(candidate(*clones(inputs)), reference(*clones(inputs)))
+    assert problems
+
+
+def test_output_types_messages():
+    ref = torch.zeros(2, 3)
+    assert check_output_types(torch.zeros(2, 3), ref) == []
+    assert check_output_types(torch.nn.Parameter(torch.zeros(2, 3)), ref)[0].startswith("output: a torch.nn")
+    assert check_output_types(torch.zeros(3, 2), ref) == ["output: shape torch.Size([3, 2]), expected torch.Size([2, 3])"]
+    assert check_output_types((torch.zeros(2, 3),), ref) == ["output: a tuple, expected a torch.Tensor"]
+    assert check_output_types(torch.zeros(2, 3), (ref, ref)) == ["output: a Tensor, expected a sequence of 2 items"]
+    assert check_output_types([torch.zeros(2, 3, dtype=torch.float64)], (ref,)) == [
+        "output[0]: dtype torch.float64, expected torch.float32"
+    ]
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("check_nonfinite"), ids=lambda p: p.stem)
+def test_nonfinite_catches_on_heavy_tailed_inputs(path):
+    reference, candidate, inputs, _ = setup(path)
+    assert check_nonfinite(candidate(*clones(inputs)), reference(*clones(inputs))) == []  # randn: fine
+    heavy = [x * 50.0 for x in inputs]  # the adversarial distribution: large outliers
+    expected = reference(*clones(heavy))
+    assert torch.isfinite(expected).all()
+    problems = check_nonfinite(candidate(*clones(heavy)), expected)
+    assert problems and "NaN/Inf" in problems[0]
+
+
+def test_nonfinite_ignores_nan_the_reference_has_too():
+    ref = torch.tensor([1.0, float("nan"), float("inf")])
+    assert check_nonfinite(torch.tensor([1.0, float("nan"), float("inf")]), ref) == []
+    assert check_nonfinite(torch.tensor([float("inf"), 0.0, 0.0]), ref) == [
+        "output[0]: 1 NaN/Inf elements where the reference is finite (first at (0,))"
+    ]
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("inputs_mutated"), ids=lambda p: p.stem)
+def test_inputs_mutated_catches(path):
+    _, candidate, inputs, _ = setup(path)
+    kept = clones(inputs)
+    candidate(*inputs)
+    assert inputs_mutated(kept, inputs) == [0]
+
+
+def test_inputs_mutated_compares_values_nan_and_metadata():
+    a = torch.tensor([1.0, float("nan"), 3.0])
+    assert inputs_mutated([a.clone(), 4], [a, 4]) == []
+    assert inputs_mutated([a.clone(), 4], [a, 5]) == [1]
+    assert inputs_mutated([a.clone()], [torch.tensor([1.0, 2.0, 3.0])]) == [0]
+    square = torch.zeros(2, 2)
+    assert inputs_mutated([square.clone()], [square.t()]) == [0]  # same values, other strides
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("ghost_probe"), ids=lambda p: p.stem)
+def test_ghost_probe_catches(path):
+    reference, candidate, inputs, _ = setup(path)
+    reason = ghost_probe(candidate, reference, inputs, tol=TOL)
+    assert reason is not None and "does not depend on its inputs" in reason
+
+
+def test_ghost_probe_catches_an_ignored_second_input():
+    reference = lambda a, b: a @ b  # noqa: E731
+    half_ghost = lambda a, b: a @ torch.ones_like(b)  # noqa: E731 - ignores b
+    inputs = [torch.randn(6, 5), torch.randn(5, 4)]
+    assert ghost_probe(reference, reference, inputs) is None
+    assert "input 1" in ghost_probe(half_ghost, reference, inputs)
+
+
+def test_ghost_probe_is_silent_when_the_reference_ignores_its_input():
+    constant = lambda x: torch.zeros(3)  # noqa: E731
+    assert ghost_probe(constant, constant, [torch.randn(3)]) is None
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("global_state_changes"), ids=lambda p: p.stem)
+def test_global_state_changes_catches(path):
+    matmul = torch.backends.cuda.matmul
+    saved_allow = matmul.allow_tf32
+    saved_precision = getattr(matmul, "fp32_precision", None)
+    _, candidate, inputs, _ = setup(path)
+    before = snapshot_global_state()
+    try:
+        candidate(*inputs)
+        changes = global_state_changes(before, snapshot_global_state())
+    finally:
+        matmul.allow_tf32 = saved_allow
+        if saved_precision is not None:
+            matmul.fp32_precision = saved_precision
+    assert any("allow_tf32: False -> True" in c for c in changes), changes
+    assert global_state_changes(before, snapshot_global_state()) == []
+
+
+def test_global_state_changes_sees_replaced_functions():
+    import time
+
+    before = snapshot_global_state()
+    real = time.perf_counter
+    time.perf_counter = lambda: real() / 10.0
+    try:
+        changes = global_state_changes(before, snapshot_global_state())
+    finally:
+        time.perf_counter = real
+    assert len(changes) == 1 and changes[0].startswith("time.perf_counter: replaced")
+    assert global_state_changes(before, snapshot_global_state()) == []
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("new_threads"), ids=lambda p: p.stem)
+def test_new_threads_catches(path):
+    _, candidate, inputs, _ = setup(path)
+    before = thread_snapshot()
+    candidate(*inputs)
+    found = new_threads(before)
+    for thread in threading.enumerate():
+        if thread.ident not in before:
+            thread.join(timeout=5)
+    assert found and "late-finisher" in found[0]
+
+
+@pytest.mark.parametrize("path", fixtures_caught_by("compare_outputs"), ids=lambda p: p.stem)
+def test_timed_call_validation_catches_stale_results(path):
+    """Right on the first (correctness) call; wrong on a later call with fresh inputs, which is what
+    checking randomly chosen timed calls against the reference catches."""
+    reference, candidate, inputs, task = setup(path)
+    first = compare_outputs(candidate(*clones(inputs)), reference(*clones(inputs)), TOL, TOL)
+    assert first.mismatched_elements == 0
+    later = fresh_inputs(task, seed=1234)
+    stats = compare_outputs(candidate(*clones(later)), reference(*clones(later)), TOL, TOL)
+    assert stats.mismatched_elements > 0
+
+
+def test_cpu_only_fallbacks():
+    assert churn_free_memory("cpu") is None
+    if not torch.cuda.is_available():
+        result = audit_kernels(lambda x: x * 2, [torch.ones(2)])
+        assert result["kernels"] == [] and "no CUDA" in result["skipped"]
+
+
+def test_dispatch_evasion_hides_from_the_op_audit():
+    """Why the kernel audit exists: with the dispatch mode popped, the op audit sees no compute."""
+    path = CHEATS / "37_dispatch_evasion.py"
+    _, candidate, inputs, _ = setup(path)
+    with OpAudit() as audit:
+        candidate(*inputs)
+    assert disallowed_ops(audit.ops, "cute") == []
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "prep"),
+        ("Memcpy DtoD (Device -> Device)", "prep"),
+        ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "library"),
+        ("nvjet_tst_128x64_64x8_2x1_v_bz_NNT", "library"),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)", "library"),
+        ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParamsEx<int, float>>", "library"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "library"),
+        ("triton_poi_fused_mul_sigmoid_0", "library"),
+        ("void swish_scale_kernel<1024, 4>(float const*, float*, int, float)", "own"),
+        ("void gemm_device<cute::Layout<cute::tuple<int, int>>>(float*)", "own"),
+    ],
+)
+def test_kernel_names_are_classified(name, kind):
+    assert classify_kernel(name) == kind
+
+
+# ------------------------------------------------------------------------------------------ GPU
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", fixtures_caught_by("churn_free_memory", cuda=True), ids=lambda p: p.stem)
+def test_memory_churn_exposes_stale_reference_output(path):
+    reference, candidate, inputs, _ = setup(path, device="cuda")
+    out = reference(*clones(inputs))
+    expected = out.clone()
+    del out  # its block goes back to the caching allocator, still holding the answer
+    churn_free_memory("cuda")
+    got = candidate(*clones(inputs))
+    assert compare_outputs(got, expected, TOL, TOL).mismatched_elements > 0
+    assert check_nonfinite(got, expected)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", fixtures_caught_by("audit_kernels", cuda=True), ids=lambda p: p.stem)
+def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path):
+    _, candidate, inputs, _ = setup(path, device="cuda")
+    with OpAudit() as audit:
+        candidate(*inputs)
+    assert disallowed_ops(audit.ops, "cute") == []  # the evasion works on the op audit...
+    result = audit_kernels(candidate, inputs)
+    assert result["skipped"] is None
+    assert result["library_kernels"], result  # ...but not on the profiler
+    assert result["own_kernels"] == [], result
+
+
+@gpu
+@needs_cuda
+def test_kernel_audit_counts_fills_and_copies_as_prep():
+    x = torch.randn(64, 32, device="cuda")
+
+    def prep_only(t):
+        out = torch.zeros(t.shape[1], t.shape[0], device=t.device)
+        out.copy_(t.t())
+        return t.t().contiguous()
+
+    result = audit_kernels(prep_only, [x])
+    assert result["prep_kernels"] and result["library_kernels"] == [] and result["own_kernels"] == []
+
+
+@gpu
+@needs_cuda
+def test_kernel_audit_finds_an_own_triton_kernel():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def double_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2.0, mask=mask)
+
+    def run(x):
+        y = torch.empty_like(x)
+        double_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+        return y
+
+    x = torch.randn(1000, device="cuda")
+    run(x)  # compile outside the profiled call
+    result = audit_kernels(run, [x])
+    assert any("double_kernel" in k for k in result["own_kernels"]), result
+    assert result["library_kernels"] == []
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", HONEST_TORCH, ids=[p.stem for p in HONEST_TORCH])
+def test_honest_candidate_passes_dynamic_checks_on_cuda(path):
+    reference, candidate, inputs, _ = setup(path, device="cuda")
+    expected = reference(*clones(inputs))
+    before, kept = snapshot_global_state(), clones(inputs)
+    churn_free_memory("cuda")
+    out = candidate(*inputs)
+    assert check_output_types(out, expected) == []
+    assert check_nonfinite(out, expected) == []
+    assert inputs_mutated(kept, inputs) == []
+    assert global_state_changes(before, snapshot_global_state()) == []
+    assert ghost_probe(candidate, reference, inputs, tol=1e-2) is None
+    assert audit_kernels(candidate, inputs)["library_kernels"]  # torch backend: library kernels run
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", HONEST_CUTE, ids=[p.stem for p in HONEST_CUTE])
+def test_honest_cute_candidate_passes_op_and_kernel_audit(path, tmp_path):
+    """No false positive on real CuTe kernels: own kernels seen, no library kernel, no torch compute."""
+    from cutegen.config import RuntimeConfig
+    from cutegen.errors import ToolchainError
+    from cutegen.runtime import use_config
+
+    reference, candidate, inputs, _ = setup(path, device="cuda")
+    with use_config(RuntimeConfig(cache_dir=tmp_path)):
+        expected = reference(*clones(inputs))
+        try:
+            out = candidate(*clones(inputs))  # the first call builds the kernel
+        except ToolchainError as err:
+            pytest.skip(f"cannot build CuTe sources here: {err}")
+        with OpAudit() as audit:
+            candidate(*inputs)
+        kernels = audit_kernels(candidate, inputs)
+        ghost = ghost_probe(candidate, reference, inputs, tol=TOL)
+    assert compare_outputs(out, expected, TOL, TOL).mismatched_elements == 0
+    assert disallowed_ops(audit.ops, "cute") == [], audit.ops
+    assert kernels["own_kernels"] and kernels["library_kernels"] == [], kernels
+    assert ghost is None

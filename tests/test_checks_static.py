@@ -1,0 +1,369 @@
+"""Static anti-cheat checks: every static cheat fixture is caught by the check its header names, and no
+honest candidate (torch-backend fixtures, CuTe-backend fixtures, shipped CuTe examples) is flagged.
+
+Fixtures live in tests/fixtures/cheats/NN_<name>.py; each starts with a header:
+
+    # exploit: what the candidate does to fake a result or a speedup
+    # caught-by: the name of the check function that must catch it
+    # task: the example task it targets (examples/tasks/<task>.py)
+    # backend: cute | torch (the backend the candidate is judged under)
+    # needs: cuda (only when running it needs a GPU)
+
+tests/fixtures/cheats/README.md has the table of fixture -> check. Fixtures whose check is dynamic are
+exercised in test_checks_dynamic.py.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from cutegen.errors import ConfigError
+from cutegen.evaluate import checks_dynamic, checks_static, compare
+from cutegen.evaluate.checks_static import BACKENDS, STATIC_CHECKS, run_static_checks
+
+REPO = Path(__file__).resolve().parents[1]
+CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
+HONEST = sorted((REPO / "tests" / "fixtures" / "honest").glob("*.py"))
+CUTE_EXAMPLES = sorted((REPO / "examples" / "candidates").glob("*.py"))
+STATIC_NAMES = {check.__name__ for check in STATIC_CHECKS}
+DYNAMIC_NAMES = {
+    "disallowed_ops", "audit_kernels", "global_state_changes", "new_threads", "check_output_types",
+    "check_nonfinite", "inputs_mutated", "ghost_probe", "churn_free_memory", "compare_outputs",
+}
+
+
+def header(path: Path) -> dict[str, str]:
+    """The `# key: value` lines at the top of a fixture."""
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].partition(":")
+        if sep and key.strip() in ("exploit", "caught-by", "task", "backend", "needs"):
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.stem for p in paths]
+
+
+# ------------------------------------------------------------------------------ the fixture set
+
+
+def test_there_are_enough_cheat_fixtures():
+    assert len(CHEATS) >= 22
+
+
+@pytest.mark.parametrize("path", CHEATS, ids=_ids(CHEATS))
+def test_cheat_header_is_complete(path):
+    fields = header(path)
+    assert fields.get("exploit"), "every cheat says what it exploits"
+    assert fields.get("backend") in BACKENDS
+    assert (REPO / "examples" / "tasks" / f"{fields.get('task')}.py").is_file()
+    caught_by = fields.get("caught-by")
+    modules = (checks_static, checks_dynamic, compare)
+    assert caught_by in STATIC_NAMES | DYNAMIC_NAMES
+    assert any(callable(getattr(m, caught_by, None)) for m in modules)
+
+
+def test_every_check_has_a_fixture():
+    named = {header(p)["caught-by"] for p in CHEATS}
+    assert STATIC_NAMES <= named, f"static checks without a fixture: {STATIC_NAMES - named}"
+    assert DYNAMIC_NAMES <= named, f"dynamic checks without a fixture: {DYNAMIC_NAMES - named}"
+
+
+def test_readme_lists_every_fixture():
+    readme = (REPO / "tests" / "fixtures" / "cheats" / "README.md").read_text()
+    for path in CHEATS:
+        assert f"| {path.name} | {header(path)['caught-by']} |" in readme, path.name
+
+
+# ------------------------------------------------------------------------- caught, not flagged
+
+
+@pytest.mark.parametrize("path", STATIC_CHEATS, ids=_ids(STATIC_CHEATS))
+def test_static_cheat_is_caught_by_its_check(path):
+    fields = header(path)
+    source = path.read_text()
+    findings = run_static_checks(source, backend=fields["backend"])
+    assert fields["caught-by"] in {f.check for f in findings}
+    direct = getattr(checks_static, fields["caught-by"])(ast.parse(source))
+    assert direct and all(f.check == fields["caught-by"] for f in direct)
+    assert all(f.line is None or f.line >= 1 for f in direct)
+
+
+@pytest.mark.parametrize("path", HONEST, ids=_ids(HONEST))
+def test_honest_fixture_has_no_finding(path):
+    backends = ["torch", "cute"] if header(path).get("backend") == "cute" else ["torch"]
+    for backend in backends:
+        assert run_static_checks(path.read_text(), backend=backend) == ()
+
+
+@pytest.mark.parametrize("path", CUTE_EXAMPLES, ids=_ids(CUTE_EXAMPLES))
+def test_shipped_cute_example_has_no_finding(path):
+    assert run_static_checks(path.read_text(), backend="cute") == ()
+
+
+def test_honest_torch_candidates_are_cheats_under_the_cute_backend():
+    """The same torch code that is honest under "torch" computes with PyTorch under "cute"."""
+    torch_backend = [p for p in HONEST if header(p).get("backend") == "torch"]
+    assert torch_backend
+    for path in torch_backend:
+        names = {f.check for f in run_static_checks(path.read_text(), backend="cute")}
+        assert {"check_forward_allowlist", "check_uses_cute"} <= names, path.name
+
+
+# ------------------------------------------------------------------ the allow list, case by case
+
+_PRELUDE = "import torch\nimport torch.nn as nn\nfrom torch.nn import functional as F\n"
+
+
+def _forward(body: str, init: str = "pass", extra: str = "") -> str:
+    return (
+        f"{_PRELUDE}{extra}\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        f"        {init}\n"
+        "    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:\n"
+        + "".join(f"        {line}\n" for line in body.splitlines())
+    )
+
+
+def _allowlist(source: str) -> list[str]:
+    return [f.message for f in checks_static.check_forward_allowlist(ast.parse(source))]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "mm = torch.matmul\nreturn mm(x, w)",
+        "return x @ w",
+        "y = torch.empty_like(x)\ny.copy_(x)\nreturn y",
+        "return x.float()",
+        "return x.to(torch.float16)",
+        "return torch.ops.aten.mm.default(x, w)",
+        "return x.softmax(-1)",
+        "return torch.Tensor.sum(x)",
+        "return x.contiguous().view(-1).cumsum(0)",
+        "relu = getattr(F, 'relu')\nreturn relu(x)",
+        "return self.helper(x)",
+        "return (lambda t: t.exp())(x)",
+        "return x.to(x.device, torch.bfloat16)",
+        "if x.is_cuda:\n    return torch.relu(x)\nreturn x",
+        "if not x.is_contiguous():\n    return torch.relu(x)\nreturn x",
+    ],
+)
+def test_allowlist_flags_compute(body):
+    extra = ""
+    source = _forward(body, extra=extra)
+    if "self.helper" in body:
+        source += "    def helper(self, t):\n        return t.tanh()\n"
+    assert _allowlist(source), body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "y = torch.empty_like(x)\nreturn y",
+        "y = x.new_zeros(x.shape)\ny.fill_(0)\nreturn y.view(-1)",
+        "n = x.numel()\ns = x.stride(0)\np = x.data_ptr()\nreturn torch.empty((n,), device=x.device)",
+        "y = x.t().contiguous()\nreturn y.reshape(x.shape[0], -1).unsqueeze(0).squeeze(0)",
+        "stream = torch.cuda.current_stream(x.device).cuda_stream\nreturn torch.zeros(3)",
+        "with torch.no_grad():\n    out = torch.empty(4, dtype=x.dtype)\nreturn out",
+        "out = torch.empty_like(x)\nself.kern.softmax(x, out, x.numel())\nreturn out",
+        "out = torch.empty_like(x)\n_lib.matmul(x, w, out)\nreturn out",
+        "vals = {'a': 1}\nfor v in vals.values():\n    pass\nreturn torch.empty(1)",
+        "grid = (math.ceil(x.numel() / 256),)\nreturn torch.empty(grid)",
+        "return torch.empty_like(x.cuda()).to(x.device)",
+        "if not x.is_cuda:\n    return x * torch.sigmoid(x)\nreturn torch.empty_like(x)",
+        "return torch.empty_like(x) if x.is_cuda else F.relu(x)",
+        "if x.device.type == 'cpu' or not torch.cuda.is_available():\n    return x.sum()\nreturn torch.empty(1)",
+    ],
+)
+def test_allowlist_allows_allocation_views_and_own_kernels(body):
+    """Includes CPU fallbacks: branches that run only off the GPU never run in the evaluator."""
+    extra = "import math\nfrom cutegen.runtime import CuteKernel\n_lib = CuteKernel('src')\n"
+    source = _forward(body, init="self.kern = CuteKernel('src')", extra=extra)
+    assert _allowlist(source) == [], body
+
+
+def test_allowlist_ignores_compute_in_init_but_not_in_forward():
+    source = _forward(
+        "return self.w_t",
+        init="self.w_t = torch.randn(4, 4).t().contiguous().mul(2.0)",
+    )
+    assert _allowlist(source) == []
+
+
+def test_allowlist_flags_star_import_from_torch():
+    source = "from torch import *\n" + _forward("return empty(3)")
+    assert any("import *" in m for m in _allowlist(source))
+
+
+def test_allowlist_reports_a_missing_model_new():
+    findings = checks_static.check_forward_allowlist(ast.parse("import torch\nclass Other: pass\n"))
+    assert len(findings) == 1 and "ModelNew" in findings[0].message
+
+
+def test_allowlist_follows_helper_objects_on_self():
+    extra = "class Helper:\n    def run(self, t):\n        return torch.relu(t)\n"
+    source = _forward("return self.h.run(x)", init="self.h = Helper()", extra=extra)
+    assert any("torch.relu" in m for m in _allowlist(source))
+
+
+def test_allowlist_findings_carry_lines():
+    source = _forward("y = torch.empty_like(x)\nreturn torch.sigmoid(y)")
+    findings = checks_static.check_forward_allowlist(ast.parse(source))
+    assert [f.line for f in findings] == [source.splitlines().index("        return torch.sigmoid(y)") + 1]
+
+
+# ------------------------------------------------------------------------ other checks, case by case
+
+
+def _findings(check, source: str) -> list[str]:
+    return [f.message for f in check(ast.parse(source))]
+
+
+def test_model_subclass_ignores_a_main_guard_and_the_reference_itself():
+    source = (
+        "import torch.nn as nn\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return Model\n"
+        "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+        "if __name__ == '__main__':\n    print(Model()(1), ModelNew()(1))\n"
+    )
+    assert _findings(checks_static.check_not_model_subclass, source) == []
+
+
+def test_model_subclass_sees_an_intermediate_base():
+    source = "class Model: pass\nclass Base(Model): pass\nclass ModelNew(Base): pass\n"
+    assert _findings(checks_static.check_not_model_subclass, source)
+
+
+def test_lazy_global_kernel_is_not_a_globals_write():
+    source = "_k = None\ndef get():\n    global _k\n    if _k is None:\n        _k = object()\n    return _k\n"
+    assert _findings(checks_static.check_no_globals_write, source) == []
+    assert _findings(checks_static.check_no_patching, source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import sys\nsetattr(sys.modules[__name__], 'f', print)\n",
+        "vars()['f'] = print\n",
+        "import math\nmath.__dict__.update(pi=3)\n",
+        "__builtins__['len'] = lambda x: 0\n",
+    ],
+)
+def test_globals_write_forms(source):
+    assert _findings(checks_static.check_no_globals_write, source)
+
+
+def test_vars_of_self_is_not_a_globals_write():
+    assert _findings(checks_static.check_no_globals_write, "class A:\n    def f(self):\n        vars(self)['x'] = 1\n") == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\ntorch.backends.cudnn.benchmark = True\n",
+        "import torch\ntorch.set_float32_matmul_precision('high')\n",
+        "import torch\ntorch.manual_seed(0)\n",
+        "import builtins\nbuiltins.isinstance = lambda a, b: True\n",
+        "import torch\ndel torch.Tensor.__eq__\n",
+        "class Model: pass\nModel.forward = lambda self, x: x\n",
+        "import os\nos.environ.update(NVIDIA_TF32_OVERRIDE='1')\n",
+        "import cutegen.evaluate.compare as c\nc.compare_outputs = None\n",
+        "import torch\nwith torch.backends.cudnn.flags(allow_tf32=True):\n    pass\n",
+    ],
+)
+def test_patching_forms(source):
+    assert _findings(checks_static.check_no_patching, source)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nflag = os.environ.get('X')\n",
+        "import torch\nwith torch.set_grad_enabled(False):\n    pass\n",
+        "class A:\n    def f(self):\n        self.scale = 2\n        setattr(self, 'x', 1)\n",
+        "import torch\ng = torch.Generator().manual_seed(1)\n",
+    ],
+)
+def test_not_patching(source):
+    assert _findings(checks_static.check_no_patching, source) == []
+
+
+def test_shape_keyed_workspace_cache_is_allowed():
+    source = _forward(
+        "key = (tuple(x.shape), x.dtype)\n"
+        "if key not in self.ws:\n    self.ws[key] = torch.empty(x.numel())\n"
+        "return self.ws[key]",
+        init="self.ws = {}",
+    )
+    assert _findings(checks_static.check_no_module_cache, source) == []
+
+
+def test_id_keyed_cache_on_self_is_flagged():
+    source = _forward("return self.memo.get(id(x))", init="self.memo = {}")
+    assert _findings(checks_static.check_no_module_cache, source)
+
+
+def test_parameter_gather_is_not_a_cache():
+    source = _forward("return self.table[x]", init="self.table = nn.Parameter(torch.randn(4))")
+    assert _findings(checks_static.check_no_module_cache, source) == []
+
+
+def test_private_streams_and_concurrency_in_cxx_ignore_comments():
+    quiet = 'SRC = r"""\n// cudaStreamCreate and std::thread are not used here\n__global__ void k() {}\n"""\n'
+    loud = 'SRC = r"""\n__global__ void k() {}\nvoid f() { std::thread t(k); cudaStream_t s; cudaStreamCreate(&s); }\n"""\n'
+    assert _findings(checks_static.check_no_private_streams, quiet) == []
+    assert _findings(checks_static.check_no_concurrency, quiet) == []
+    assert _findings(checks_static.check_no_private_streams, loud)
+    assert _findings(checks_static.check_no_concurrency, loud)
+
+
+def test_uses_cute_accepts_qualified_names_without_using_namespace():
+    source = 'SRC = """\n__global__ void k(float* p, int n) {\n  auto t = cute::make_tensor(cute::make_gmem_ptr(p), cute::make_layout(n));\n}\n"""\n'
+    assert _findings(checks_static.check_uses_cute, source) == []
+
+
+def test_uses_cute_requires_a_kernel():
+    assert _findings(checks_static.check_uses_cute, "import torch\n")
+
+
+def test_dynamic_code_forms():
+    for source in (
+        "import importlib\nm = importlib.import_module('tor' + 'ch')\n",
+        "import torch\nf = getattr(torch, 'mat' + 'mul')\n",
+        "eval('1')\n",
+        "import pickle\npickle.loads(b'')\n",
+    ):
+        assert _findings(checks_static.check_no_dynamic_code, source), source
+    assert _findings(checks_static.check_no_dynamic_code, "import re\nre.compile('x')\n") == []
+
+
+# ------------------------------------------------------------------------------------ the runner
+
+
+def test_run_static_checks_reports_a_syntax_error_with_its_line():
+    findings = run_static_checks("import torch\ndef broken(:\n", backend="torch")
+    assert len(findings) == 1
+    assert findings[0].check == "run_static_checks" and findings[0].line == 2
+
+
+def test_run_static_checks_rejects_an_unknown_backend():
+    with pytest.raises(ConfigError, match="backend"):
+        run_static_checks("x = 1\n", backend="triton")
+
+
+def test_torch_backend_skips_the_cute_only_checks():
+    source = (REPO / "tests" / "fixtures" / "cheats" / "01_torch_matmul.py").read_text()
+    assert run_static_checks(source, backend="torch") == ()

@@ -1,0 +1,63 @@
+"""The evaluator on a CUDA device: an honest CuTe candidate passes with timing against the baselines
+and a speed-of-light fraction; GPU faults (a kernel that never ends, an illegal address, a host-side
+segfault, device OOM, a build that hangs) end in clear verdicts and the next evaluation passes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.evaluate.pipeline import evaluate_candidate
+from cutegen.evaluate.worker import WorkerPool
+from cutegen.tasks import load_task
+
+REPO = Path(__file__).resolve().parents[1]
+SWISH_TASK = REPO / "examples" / "tasks" / "swish_scale.py"
+SWISH_CUTE = REPO / "examples" / "candidates" / "swish_scale_cute.py"
+FAULTS = REPO / "tests" / "fixtures" / "faults"
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool("cuda") as shared:
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    pytest.importorskip("cutlass_library")
+    root = tmp_path_factory.mktemp("eval")
+    return EvalConfig(device="cuda", cache_dir=root / "eval", runtime=RuntimeConfig(cache_dir=root / "build"),
+                      timing_trials=30, compile_baseline=False, run_timeout_s=60.0, build_timeout_s=120.0)
+
+
+def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(pool, config):
+    verdict = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), config, pool=pool)
+    assert verdict.passed, verdict.feedback
+    assert verdict.stage == "timing" and verdict.timing.trials == 30
+    assert verdict.errors.max_abs_error <= 1e-4
+    names = {c.name: c for c in verdict.checks}
+    assert names["disallowed_ops"].passed and names["audit_kernels"].passed
+    assert "swish" in names["audit_kernels"].detail
+    assert verdict.eager is not None and verdict.speedup_vs_eager > 0.5
+    assert 0.0 < verdict.sol_fraction <= 1.0 + config.sol_slack
+
+
+@pytest.mark.parametrize("name, failure", [
+    ("kernel_hang", "run_timeout"),
+    ("illegal_address", "illegal_memory_access"),
+    ("host_segfault", "worker_crashed"),
+    ("device_oom", "out_of_memory"),
+    ("build_hang", "build_timeout"),
+])
+def test_gpu_faults_end_in_a_clear_verdict_and_the_next_evaluation_passes(name, failure, pool, config):
+    faulty = replace(config, do_timing=False, run_timeout_s=20.0, build_timeout_s=20.0)
+    verdict = evaluate_candidate(FAULTS / f"{name}.py", load_task(SWISH_TASK), faulty, pool=pool)
+    assert not verdict.passed and verdict.failure == failure, verdict.feedback
+    after = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), replace(config, do_timing=False), pool=pool)
+    assert after.passed, after.feedback

@@ -1,0 +1,263 @@
+"""The whole evaluation pipeline on CPU (backend torch): honest candidates pass, wrong ones fail with
+the right numbers, the verdict cannot be talked into passing, faults end in a clear verdict and the
+next evaluation in a fresh worker passes, timing and baselines work and are cached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.evaluate.pipeline import evaluate_candidate
+from cutegen.evaluate.worker import WorkerPool
+from cutegen.tasks import load_task
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = REPO / "examples" / "tasks"
+HONEST = REPO / "tests" / "fixtures" / "honest"
+FAULTS = REPO / "tests" / "fixtures" / "faults"
+HONEST_TORCH = ("swish_scale", "row_softmax", "layer_norm", "matmul", "linear_gelu", "conv2d")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool("cpu") as shared:
+        yield shared
+
+
+@pytest.fixture()
+def config(tmp_path):
+    return EvalConfig(device="cpu", backend="torch", do_timing=False, cache_dir=tmp_path / "eval",
+                      run_timeout_s=120.0)
+
+
+def task(name: str):
+    return load_task(TASKS / f"{name}.py")
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.parametrize("name", HONEST_TORCH)
+def test_honest_torch_candidates_pass(name, pool, config):
+    verdict = evaluate_candidate(HONEST / f"{name}.py", task(name), config, pool=pool)
+    assert verdict.passed, verdict.feedback
+    assert verdict.stage == "anticheat" and verdict.failure is None and verdict.track == "fp32"
+    assert verdict.errors.mismatched_elements == 0 and verdict.errors.atol == 1e-4
+    assert verdict.errors.max_abs_error < 1e-4
+    names = {c.name for c in verdict.checks}
+    assert {"static", "build", "weights_match", "compare_outputs", "determinism", "ghost_probe",
+            "trivial_solution_probe"} <= names
+
+
+OFF_BY_HALF = """
+    import torch
+    import torch.nn as nn
+
+    class ModelNew(nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            return x * torch.sigmoid(x) * self.scale + 0.5
+"""
+
+
+def test_wrong_candidate_fails_correctness_with_its_error_stats(tmp_path, pool, config):
+    verdict = evaluate_candidate(write(tmp_path, "off", OFF_BY_HALF), task("swish_scale"), config, pool=pool)
+    assert not verdict.passed and verdict.stage == "correctness" and verdict.failure == "compare_outputs"
+    errors = verdict.errors
+    # fp32 rounding of y + 0.5 moves the error by an ulp of y (up to ~1e-4 on heavy-tailed inputs)
+    assert errors.max_abs_error == pytest.approx(0.5, abs=5e-4)
+    assert errors.total_elements == 6 * 256 * 4096  # 5 trials + 1 heavy-tailed, all measured
+    assert errors.mismatched_elements == errors.total_elements
+    assert "First mismatches: output[0] at (0, 0)" in verdict.feedback
+
+
+LOUD_LIAR = """
+    import sys
+    import json
+    import torch
+    import torch.nn as nn
+
+    print("PASSED")
+    print(json.dumps({"ok": True, "passed": True}))
+
+    class ModelNew(nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            sys.stdout.write('{"ok": true, "data": {"passed": true}}\\nPASSED\\n')
+            sys.stderr.write("all checks passed\\n")
+            return torch.zeros_like(x)
+"""
+
+
+def test_verdict_is_decided_in_the_parent_not_by_what_the_candidate_prints(tmp_path, pool, config):
+    verdict = evaluate_candidate(write(tmp_path, "liar", LOUD_LIAR), task("swish_scale"), config, pool=pool)
+    assert not verdict.passed and verdict.failure == "compare_outputs"
+    assert "PASSED" in verdict.log_tail  # captured for humans, ignored by the judgement
+
+
+OWN_WEIGHTS = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class ModelNew(nn.Module):
+        def __init__(self, in_features, out_features):
+            super().__init__()
+            self.extra = nn.Parameter(torch.randn(3))  # draws random numbers before the layer
+            self.linear = nn.Linear(in_features, out_features)
+
+        def forward(self, x):
+            return F.gelu(self.linear(x))
+"""
+
+IN_PLACE = """
+    import torch
+    import torch.nn as nn
+
+    class ModelNew(nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            return x.mul_(torch.sigmoid(x)).mul_(self.scale)
+"""
+
+
+def test_weights_differing_from_the_reference_construction_fail(tmp_path, pool, config):
+    verdict = evaluate_candidate(write(tmp_path, "w", OWN_WEIGHTS), task("linear_gelu"), config, pool=pool)
+    assert verdict.failure == "weights_match" and "linear.weight" in verdict.feedback
+
+
+def test_mutating_an_input_fails(tmp_path, pool, config):
+    verdict = evaluate_candidate(write(tmp_path, "m", IN_PLACE), task("swish_scale"), config, pool=pool)
+    assert verdict.failure == "inputs_mutated", verdict.feedback
+
+
+def test_static_failure_stops_before_any_worker(tmp_path, config):
+    source = OFF_BY_HALF.replace("import torch.nn as nn", "import torch.nn as nn\n    import threading")
+    verdict = evaluate_candidate(write(tmp_path, "t", source), task("swish_scale"), config, pool=None)
+    assert verdict.stage == "static" and verdict.failure == "check_no_concurrency"
+    assert verdict.gpu_s is None
+
+
+def _fault(name: str) -> Path:
+    return FAULTS / f"{name}.py"
+
+
+@pytest.mark.parametrize("name, failure, detail", [
+    ("py_hang", "run_timeout", "did not finish within 3 s"),
+    ("abort", "worker_crashed", "SIGABRT"),
+    ("segfault", "worker_crashed", "SIGSEGV"),
+    ("memory_error", "out_of_memory", "MemoryError"),
+])
+def test_faults_end_in_a_clear_verdict_and_the_next_evaluation_passes(name, failure, detail, pool, config):
+    faulty = replace(config, run_timeout_s=3.0) if failure == "run_timeout" else config
+    verdict = evaluate_candidate(_fault(name), task("swish_scale"), faulty, pool=pool)
+    assert not verdict.passed and verdict.stage == "correctness" and verdict.failure == failure
+    failed = [c for c in verdict.checks if not c.passed]
+    assert detail in failed[0].detail or detail in verdict.feedback
+    after = evaluate_candidate(HONEST / "swish_scale.py", task("swish_scale"), config, pool=pool)
+    assert after.passed, after.feedback
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if text.encode() in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.nvcc
+def test_build_that_hangs_is_killed_at_the_build_timeout(tmp_path, pool, config):
+    if not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()):
+        pytest.skip("needs nvcc")
+    pytest.importorskip("cutlass_library")
+    runtime = RuntimeConfig(cache_dir=tmp_path / "build", arch="sm_90a")
+    hanging = replace(config, build_timeout_s=4.0, runtime=runtime)
+    verdict = evaluate_candidate(_fault("build_hang"), task("swish_scale"), hanging, pool=pool)
+    assert verdict.stage == "build" and verdict.failure == "build_timeout"
+    assert "within 4 s" in verdict.feedback
+    # nvcc runs in a session of its own: it must have been killed with the worker, not orphaned
+    assert not _processes_mentioning(str(tmp_path / "build"))
+    after = evaluate_candidate(HONEST / "swish_scale.py", task("swish_scale"), config, pool=pool)
+    assert after.passed
+
+
+def test_timing_and_baselines_on_cpu_with_cache_hit(tmp_path, pool, config):
+    timed = replace(config, do_timing=True, timing_trials=5, warmup_trials=1, compile_baseline=False)
+    verdict = evaluate_candidate(HONEST / "swish_scale.py", task("swish_scale"), timed, pool=pool)
+    assert verdict.passed and verdict.stage == "timing", verdict.feedback
+    assert verdict.timing.trials == 5 and 0 < verdict.timing.min_ms <= verdict.timing.median_ms
+    assert verdict.eager.trials == 5 and verdict.compiled is None and verdict.noise_pct is not None
+    assert verdict.speedup_vs_eager == pytest.approx(verdict.eager.median_ms / verdict.timing.median_ms)
+    assert verdict.sol_fraction is None  # no speed-of-light bound on a CPU
+    assert "timed_outputs" in {c.name for c in verdict.checks}
+    cached = list((tmp_path / "eval" / "baselines").glob("*.json"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    from cutegen.evaluate.baselines import get_baselines
+
+    again = get_baselines(task("swish_scale"), timed, pool)
+    assert again.eager == verdict.eager and cached[0].stat().st_mtime_ns == stamp
+
+
+def test_cli_eval_exit_statuses_and_json(tmp_path, capsys, monkeypatch):
+    import json
+
+    from cutegen.cli import main
+
+    monkeypatch.setenv("CUTEGEN_CACHE", str(tmp_path / "cache"))
+    args = ["--task", str(TASKS / "swish_scale.py"), "--device", "cpu", "--backend", "torch", "--no-timing"]
+    with pytest.raises(SystemExit) as passed:
+        main(["eval", str(HONEST / "swish_scale.py"), *args, "--json"])
+    assert passed.value.code == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["passed"] is True and verdict["track"] == "fp32" and verdict["errors"]["atol"] == 1e-4
+    with pytest.raises(SystemExit) as rejected:
+        main(["eval", str(write(tmp_path, "off", OFF_BY_HALF)), *args])
+    assert rejected.value.code == 1
+    out = capsys.readouterr().out
+    assert "REJECTED" in out and "compare_outputs" in out
+    with pytest.raises(SystemExit) as usage:
+        main(["eval", str(tmp_path / "missing.py"), *args])
+    assert usage.value.code == 2
+
+
+def test_cli_baseline_measures_then_resumes_from_cache(tmp_path, capsys, monkeypatch):
+    from cutegen.cli import main
+
+    monkeypatch.setenv("CUTEGEN_CACHE", str(tmp_path / "cache"))
+    args = ["baseline", str(TASKS), "--select", "swish_scale", "--device", "cpu", "--no-compile-baseline",
+            "--timing-trials", "3"]
+    with pytest.raises(SystemExit) as first:
+        main(args)
+    assert first.value.code == 0
+    assert "swish_scale" in capsys.readouterr().out
+    files = list((tmp_path / "cache" / "eval" / "baselines").glob("*.json"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    with pytest.raises(SystemExit) as second:
+        main(args)
+    assert second.value.code == 0 and files[0].stat().st_mtime_ns == stamp
+    assert os.path.exists(files[0])

@@ -1,0 +1,184 @@
+"""The evaluator's pieces that need no worker: timing statistics and protocol, speed of light,
+adversarial inputs, tolerances, the worker environment, the parent's judgement of measurements."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.errors import ConfigError
+from cutegen.evaluate import correctness, sol, timing
+from cutegen.evaluate.worker import worker_environment
+from cutegen.records import Peaks, TimingStats
+from cutegen.tasks import load_task
+from cutegen.trace import trace_task
+
+REPO = Path(__file__).resolve().parents[1]
+H200 = Peaks("NVIDIA H200", fp32_tflops=67.0, tf32_tflops=494.7, half_tflops=800.0, bandwidth_gb_s=4200.0)
+
+
+def test_summarize_matches_hand_computed_quartiles():
+    stats = timing.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert stats == TimingStats(median_ms=3.0, mean_ms=3.0, min_ms=1.0, iqr_ms=2.0, trials=5)
+
+
+def test_cpu_timing_protocol_measures_a_known_duration_and_keeps_chosen_outputs():
+    import torch
+
+    calls = []
+
+    def forward(x):
+        calls.append(x)
+        time.sleep(0.002)
+        return x * 2
+
+    sets = [(torch.full((4,), float(k)),) for k in range(3)]
+    run = timing.time_forward(forward, sets, device=torch.device("cpu"), trials=6, warmup=2, keep=(1, 4))
+    assert len(run.times_ms) == 6 and len(calls) == 8
+    assert all(2.0 <= t < 50.0 for t in run.times_ms)
+    # trial i uses input set i mod 3, and the kept outputs are those of that set
+    assert sorted(run.kept) == [1, 4]
+    assert run.kept[4][0] == 1 and torch.equal(run.kept[4][1], torch.full((4,), 2.0))
+    assert 2.0 <= timing.summarize(run.times_ms).median_ms < 50.0
+
+
+def test_random_trials_are_distinct_and_in_range():
+    chosen = timing.random_trials(100, 3)
+    assert len(set(chosen)) == 3 and all(0 <= i < 100 for i in chosen)
+    assert timing.random_trials(2, 5) == (0, 1)
+
+
+def test_sol_bound_of_matmul_by_hand():
+    task = load_task(REPO / "examples" / "tasks" / "matmul.py")
+    trace = trace_task(task)
+    m, n, k = 512, 384, 256
+    flops = 2 * m * n * k
+    nbytes = (m * k + k * n + m * n) * 4
+    assert trace.flops == flops and trace.min_bytes == nbytes
+    # fp32 track: the faster of fp32 SIMT (67) and 3xTF32 (494.7 / 3 = 164.9 TFLOP/s)
+    expected = max(flops / 164.9e12, nbytes / 4200e9) * 1e3
+    assert sol.sol_bound_ms(trace, H200, "fp32", half=False) == pytest.approx(expected, rel=1e-3)
+    assert sol.sol_bound_ms(trace, H200, "tf32", half=False) == pytest.approx(
+        max(flops / 494.7e12, nbytes / 4200e9) * 1e3, rel=1e-6)
+    assert sol.sol_bound_ms(trace, H200, "fp32", half=True) == pytest.approx(
+        max(flops / 800e12, nbytes / 4200e9) * 1e3, rel=1e-6)
+
+
+def test_sol_bound_of_elementwise_task_is_bytes_over_bandwidth():
+    trace = trace_task(load_task(REPO / "examples" / "tasks" / "swish_scale.py"))
+    assert trace.flops == 0
+    assert sol.sol_bound_ms(trace, H200, "fp32", half=False) == pytest.approx(
+        2 * 256 * 4096 * 4 / 4200e9 * 1e3)
+
+
+def test_combine_peaks_takes_measured_bandwidth_and_half_and_datasheet_fp32():
+    peaks = sol.combine_peaks({"device_name": "NVIDIA H200", "bandwidth_gb_s": 4220.0, "half_tflops": 813.0})
+    assert (peaks.fp32_tflops, peaks.tf32_tflops, peaks.half_tflops, peaks.bandwidth_gb_s) == (
+        67.0, 494.7, 813.0, 4220.0)
+    assert set(peaks.measured) == {"bandwidth_gb_s", "half_tflops"}
+    unknown = sol.combine_peaks({"device_name": "Mystery GPU", "bandwidth_gb_s": 1000.0, "half_tflops": 100.0,
+                                 "tf32_tflops": 50.0, "fp32_tflops": 20.0})
+    assert unknown.fp32_tflops == 20.0 and "fp32_tflops" in unknown.measured
+
+
+def test_adversarial_inputs_keep_signs_ranges_and_integers():
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(10000)
+    heavy = correctness.adversarial_like(x, 1, 64.0, 4.0)
+    assert torch.equal(torch.sign(heavy), torch.sign(x))
+    assert heavy.abs().max() > 20 * x.abs().max() / 4  # outliers well beyond unit scale
+    probs = torch.rand(1000)
+    pushed = correctness.adversarial_like(probs, 1, 64.0, 4.0)
+    assert 0.0 <= float(pushed.min()) and float(pushed.max()) <= 1.0
+    assert torch.allclose(pushed, probs**4)
+    ints = torch.randint(0, 10, (100,))
+    assert correctness.adversarial_like(ints, 1, 64.0, 4.0) is ints
+
+
+def test_tolerance_follows_track_and_dtype_and_config_is_validated():
+    assert EvalConfig().tolerance("float32") == (1e-4, 1e-4)
+    assert EvalConfig(track="tf32").tolerance("float32") == (1e-2, 1e-2)
+    assert EvalConfig().tolerance("bfloat16") == (2e-2, 2e-2)
+    assert EvalConfig(atol=1e-3).tolerance("float32") == (1e-3, 1e-4)
+    with pytest.raises(ConfigError, match="backend cute"):
+        EvalConfig(device="cpu", backend="cute")
+    with pytest.raises(ConfigError, match="track"):
+        EvalConfig(track="fp16")
+
+
+def test_worker_environment_is_allow_listed(tmp_path):
+    source = {"PATH": "/bin", "HOME": "/home/u", "OPENAI_API_KEY": "secret", "CUDA_HOME": "/cuda",
+              "CUDA_VISIBLE_DEVICES": "0,1,2", "TORCHINDUCTOR_CACHE_DIR": "/c", "AWS_SECRET": "x"}
+    env = worker_environment(source, "cuda", 2, tmp_path)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_HOME"] == "/cuda"
+    assert "OPENAI_API_KEY" not in env and "AWS_SECRET" not in env
+    assert env["TMPDIR"] == str(tmp_path) and env["TORCHINDUCTOR_CACHE_DIR"] == "/c"
+    assert (Path(env["PYTHONPATH"].split(":")[0]) / "cutegen").is_dir()
+    assert worker_environment(source, "cpu", None, tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def _entry(index, errors, **extra):
+    return {"index": index, "adversarial": False, "note": None, "findings": [], "mutated": [],
+            "errors": errors, **extra}
+
+
+def _stats(mismatched, max_abs=0.0):
+    return {"max_abs_error": max_abs, "max_rel_error": 0.0, "rel_l2_error": 0.0,
+            "mismatched_elements": mismatched, "total_elements": 100, "atol": 1e-4, "rtol": 1e-4}
+
+
+def test_parent_judges_trials_from_measurements():
+    good = [_entry(0, _stats(0)), _entry(1, _stats(0))]
+    checks, failure, _ = correctness.judge_trials(good)
+    assert failure is None and checks[0].passed
+    bad = [_entry(0, _stats(0)), _entry(1, _stats(3, 0.5), first_mismatches=["output[0] at (1,): got 1, expected 0.5"])]
+    checks, failure, feedback = correctness.judge_trials(bad)
+    assert failure == "compare_outputs" and not checks[0].passed
+    assert "trial 2 of 2" in feedback and "3 of 100" in feedback and "got 1, expected 0.5" in feedback
+    mutated = [_entry(0, _stats(0), mutated=[0])]
+    assert correctness.judge_trials(mutated)[1] == "inputs_mutated"
+    nonfinite = [_entry(0, _stats(0, math.inf))]
+    assert correctness.judge_trials(nonfinite)[1] == "compare_outputs"
+
+
+def test_determinism_judgement():
+    assert correctness.judge_determinism({"bitwise": True, "errors": _stats(0)}).passed
+    failed = correctness.judge_determinism({"bitwise": False, "errors": _stats(7, 3.0)})
+    assert not failed.passed and "7 elements" in failed.detail
+
+
+def test_aggregate_errors_takes_worst_case():
+    from cutegen.records import ErrorStats
+
+    a = ErrorStats(0.1, 0.2, 0.3, 1, 10, 1e-4, 1e-4)
+    b = ErrorStats(0.5, 0.1, 0.05, 2, 10, 1e-4, 1e-4)
+    assert correctness.aggregate_errors([a, b]) == ErrorStats(0.5, 0.2, 0.3, 3, 20, 1e-4, 1e-4)
+
+
+def test_baselines_cache_round_trip(tmp_path):
+    from cutegen.evaluate.baselines import baselines_path, load_baselines
+    from cutegen.evaluate.cache import save_json
+    from cutegen.records import Baselines, to_json
+
+    task = load_task(REPO / "examples" / "tasks" / "swish_scale.py")
+    stats = TimingStats(1.0, 1.1, 0.9, 0.05, 10)
+    record = Baselines(task.task_id, task.source_sha256, "fp32", "cpu", "2.13", stats, stats, None,
+                       "no compiler", 0.0)
+    path = baselines_path(tmp_path, task, "fp32", "cpu (x86_64)", "2.13.0+cpu")
+    save_json(path, to_json(record))
+    assert load_baselines(path) == record
+    assert load_baselines(tmp_path / "missing.json") is None
+
+
+def test_runtime_config_survives_the_channel():
+    from cutegen.evaluate.session import runtime_from_json
+    from cutegen.records import to_json
+
+    config = RuntimeConfig(cache_dir=Path("/x/build"), arch="sm_90a", extra_flags=("-lineinfo",))
+    assert runtime_from_json(to_json(config)) == config
