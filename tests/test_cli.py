@@ -21,3 +21,9 @@ def test_user_error_is_one_paragraph_without_traceback(tmp_path):
     assert out.returncode == 2
     assert "does not exist" in out.stderr and "Fix:" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_unknown_option_is_a_usage_error():
+    out = run("tasks", "--bogus")
+    assert out.returncode == 2
+    assert "No such option" in out.stderr and "Traceback" not in out.stderr

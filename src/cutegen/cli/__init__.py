@@ -53,22 +53,12 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> None:
     _register()
     try:
-        # Without standalone mode click returns a command's exit status instead of exiting.
-        code = app(args=argv, standalone_mode=False)
+        # Standalone mode: usage errors print click's message and exit 2, typer.Exit/sys.exit set the
+        # status; only our own errors need catching here.
+        app(args=argv, prog_name="cutegen")
+    except SystemExit as done:
+        if done.code not in (0, None):  # success returns, so in-process callers can go on
+            raise
     except CutegenError as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
-    if isinstance(code, int) and code:
-        sys.exit(code)

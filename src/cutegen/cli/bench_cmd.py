@@ -1,0 +1,322 @@
+"""`cutegen bench` (the agent over a suite, or existing candidates judged), `cutegen report` and
+`cutegen export`.
+
+Exit statuses of `bench`: 0 the run finished (see RUN/results.json and RUN/bench-report.html),
+2 a usage or settings error, 75 waiting for replies and 76 needs a GPU (as `cutegen optimize`: finish
+with `cutegen bench` again with the same --run-id, or `cutegen resume RUN` then `cutegen report RUN`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from cutegen.cli import app
+
+console = Console(stderr=True)
+BENCH_HELP = (
+    "Run the agent over a suite (--model), or judge existing ModelNew files (--evaluate DIR), and write"
+    " per-task results with KernelBench metrics (results.json) and a report. A run with an existing"
+    " --run-id resumes. Exit status: 0 finished, 2 bad settings, 75 waiting for replies, 76 needs a GPU."
+)
+
+
+@app.command("bench", help=BENCH_HELP)
+def bench_command(
+    suite: Path = typer.Argument(..., help="A KernelBench checkout (level1/...), a folder of task files, or one task."),
+    select: str = typer.Option(None, "--select", "-s", help="Task selector, e.g. level1, level2:1-20, '*relu*'."),
+    model: str = typer.Option(None, "--model", "-m", help="Run the agent: anthropic:MODEL, openai:MODEL, "
+                              "openai-compatible:MODEL@URL, exchange:[DIR] or replay:FILE."),
+    evaluate: Path = typer.Option(None, "--evaluate", help="Judge the ModelNew files in this folder instead (one"
+                                  " per task: <task stem>.py or level_<L>_problem_<P>_sample_<S>_kernel.py)."),
+    rounds: int = typer.Option(5, "--rounds", help="Optimization rounds per task."),
+    repairs: int = typer.Option(3, "--repairs", help="Repairs per failing candidate."),
+    generations: int = typer.Option(3, "--generations", help="Fresh starts per task while none is correct."),
+    patience: int = typer.Option(3, "--patience", help="Stop a task after this many rounds without gain."),
+    profiling: str = typer.Option("delayed:2", "--profiling", help="none, immediate or delayed:K."),
+    target_sol: float = typer.Option(0.9, "--target-sol", help="Stop a task at this fraction of speed of light."),
+    budget_usd: float = typer.Option(None, "--budget-usd", help="Run-wide dollar limit."),
+    budget_calls: int = typer.Option(None, "--budget-calls", help="Run-wide limit on model calls."),
+    budget_gpu_s: float = typer.Option(None, "--budget-gpu-s", help="Run-wide limit on GPU seconds."),
+    budget_wall_s: float = typer.Option(None, "--budget-wall-s", help="Run-wide limit on wall seconds."),
+    max_tokens: int = typer.Option(16384, "--max-tokens", help="Reply limit of each model call."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Model calls in flight at once."),
+    backend: str = typer.Option("cute", "--backend", help="cute (own CuTe kernels) or torch (plain torch ops)."),
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (backend torch only)."),
+    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 (TF32 off, 1e-4) or tf32 (1e-2)."),
+    correctness_trials: int = typer.Option(5, "--correctness-trials", help="Correctness trials per candidate."),
+    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
+    compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
+                                          help="Also time torch.compile as a baseline."),
+    gpus: str = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1 (default: every visible GPU)."),
+    prebuild_jobs: int = typer.Option(None, "--prebuild-jobs", help="--evaluate: CuTe builds at once on the CPU"
+                                      " before the GPU evaluations (default: half the CPU cores; 0: none)."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories are made."),
+    run_id: str = typer.Option(None, "--run-id", help="Run directory name; an existing one is resumed."),
+    html: bool = typer.Option(True, "--report/--no-report", help="Write bench-report.md/.html at the end."),
+) -> None:
+    from cutegen.config import AgentConfig, Budget
+    from cutegen.errors import ConfigError
+    from cutegen.tasks import load_tasks
+
+    if (model is None) == (evaluate is None):
+        raise ConfigError("cutegen bench needs exactly one of --model (run the agent over the suite) and"
+                          " --evaluate DIR (judge existing candidate files).",
+                          "Add --model PROVIDER:MODEL, or --evaluate with the folder of ModelNew files.")
+    tasks = load_tasks(suite, select)
+    eval_config = _eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
+                               timing_trials=timing_trials, compile_baseline=compile_baseline,
+                               gpus=_gpu_list(gpus, device))
+    if evaluate is not None:
+        jobs = prebuild_jobs if prebuild_jobs is not None else max(1, (os.cpu_count() or 2) // 2)
+        status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id,
+                                          jobs if device == "cuda" else 0)
+    else:
+        budget = Budget(llm_calls=budget_calls, usd=budget_usd, gpu_s=budget_gpu_s, wall_s=budget_wall_s)
+        agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
+                                   profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
+                                   concurrency=concurrency, budget=budget)
+        status, run_dir = _bench_agent(suite, select, tasks, model, agent_config, eval_config, runs_dir, run_id)
+    if html:
+        _write_report(run_dir)
+    sys.exit(status)  # sys.exit, not typer.Exit: click returns an Exit's code outside standalone mode
+
+
+# ------------------------------------------------------------------------------ the agent over a suite
+
+
+def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent_config: Any, eval_config: Any,
+                 runs_dir: Path, run_id: str | None) -> tuple[int, Path]:
+    from cutegen import bench
+    from cutegen.cli.agent_cmd import _check_unique, _copy_replay_file, _provider, _provider_spec_for_run
+    from cutegen.journal import JOURNAL, Journal, from_json, load_run, new_run_id, start_run
+    from cutegen.manifest import machine_manifest
+
+    _check_unique(tasks)
+    run_dir = runs_dir / (run_id or new_run_id())
+    if (run_dir / JOURNAL).is_file():
+        journal = Journal.open(run_dir)
+        setup = load_run(journal)
+        _check_same_tasks(run_dir, setup.tasks, tasks)
+        agent_config = from_json(type(agent_config), setup.agent)  # a resumed run keeps its settings
+        eval_config = _eval_config(**{**setup.evaluation, "gpus": eval_config.gpus})
+        console.print(f"resuming {run_dir} with its recorded settings")
+    else:
+        _provider(model, None)  # a missing key or file fails here, before the run directory exists
+        journal = Journal.create(run_dir)
+        _copy_replay_file(model, run_dir)
+        start_run(journal, tasks, _provider_spec_for_run(model), agent_config, eval_config)
+        bench.write_meta(run_dir, kind="agent", suite=suite, select=select, tasks=tasks, config=eval_config)
+        console.print(f"run directory: {run_dir}")
+    bench.add_session(run_dir, machine_manifest(eval_config.runtime))
+    status = _run_agent(journal, agent_config, eval_config)
+    setup = load_run(journal)
+    bench.write_results(run_dir, bench.agent_results(run_dir), kind="agent", model=setup.model,
+                        recorded=bench.load_run(run_dir).recorded, agent=setup.agent, evaluation=setup.evaluation)
+    _print_summary(run_dir)
+    return status, run_dir
+
+
+def _check_same_tasks(run_dir: Path, recorded: tuple, selected: list) -> None:
+    from cutegen.errors import ConfigError
+
+    if {(t.task_id, t.source_sha256) for t in recorded} != {(t.task_id, t.source_sha256) for t in selected}:
+        raise ConfigError(f"Run {run_dir} was started on another task set than the suite and --select given now.",
+                          "Resume it with the suite and --select it was started with (or `cutegen resume RUN`),"
+                          " or pick a new --run-id.")
+
+
+def _run_agent(journal: Any, agent_config: Any, eval_config: Any) -> int:
+    """The agent over every task of the run (as `cutegen optimize`), with suite-wide progress."""
+    from cutegen import bench
+    from cutegen.agent import Agent
+    from cutegen.cli.agent_cmd import _provider
+    from cutegen.journal import load_run, write_outputs
+
+    setup = load_run(journal)
+    provider = _provider(setup.model, journal.run_dir.resolve())
+    ids = [t.task_id for t in setup.tasks]
+    progress = bench.SuiteProgress(ids, already_done=[i for i in ids if journal.task_end(i) is not None])
+    with Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False) as live:
+        def on_progress(result: Any, activity: str) -> None:
+            progress.update(result, activity)
+            live.update(_progress_table(progress))
+
+        agent = Agent(journal, provider, agent_config, eval_config, on_progress=on_progress)
+        journal.begin_session(host=platform.node(), argv=sys.argv[1:])
+        status = asyncio.run(agent.run(list(setup.tasks)))
+    results = [agent.result(t.task_id) for t in setup.tasks]
+    write_outputs(journal, results)
+    journal.append("exit", status=status, pending=[r.task_id for r in results if r.status != "done"])
+    return status
+
+
+def _progress_table(progress: Any) -> Table:
+    snap = progress.snapshot()
+    eta = _duration(snap.eta_s) if snap.eta_s is not None else "-"
+    table = Table(title=f"cutegen bench: {snap.done}/{snap.total} done, {snap.running} running, {snap.queued} queued;"
+                        f" {snap.correct} correct; ${snap.cost_usd:.2f}; GPU {snap.gpu_s:.0f} s;"
+                        f" elapsed {_duration(snap.elapsed_s)}, ETA {eta}", title_justify="left")
+    for column in ("task", "stage", "steps", "best vs eager", "calls", "cost $"):
+        table.add_column(column, justify="left" if column in ("task", "stage") else "right")
+    active = [(r, a) for r, a in progress.state.values() if r.status != "done" and a != "queued"]
+    for result, activity in active[:12]:
+        speedup = f"{result.speedup_vs_eager:.3g}x" if result.speedup_vs_eager is not None else "-"
+        table.add_row(result.task_id, activity, str(result.steps), speedup, str(result.llm_calls),
+                      f"{result.cost_usd:.4f}")
+    return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+# ------------------------------------------------------------------------------ --evaluate
+
+
+def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, config: Any, runs_dir: Path,
+                    run_id: str | None, prebuild_jobs: int) -> tuple[int, Path]:
+    from rich.progress import Progress
+
+    from cutegen import bench
+    from cutegen.journal import eval_fingerprint, new_run_id
+    from cutegen.manifest import machine_manifest
+
+    out = runs_dir / (run_id or f"{new_run_id()}-evaluate")
+    found, unmatched = bench.find_candidates(tasks, folder)
+    if not (out / bench.BENCH_META).is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        bench.write_meta(out, kind="evaluate", suite=suite, select=select, tasks=tasks, config=config, candidates=folder)
+    for path in unmatched:
+        console.print(f"[yellow]not a candidate of any selected task (skipped):[/] {path}")
+    console.print(f"{len(found)} candidate file(s) for {len({k[0] for k in found})} of {len(tasks)} task(s); results in {out}")
+    bench.add_session(out, machine_manifest(config.runtime))
+    with Progress(console=console, transient=True) as bar:
+        job = bar.add_task("judging", total=len(found))
+
+        def on_result(result: Any, finished: int, total: int) -> None:
+            mark = "correct" if result.correctness else f"{result.stage_reached}: {result.failure}"
+            bar.update(job, completed=finished, description=f"judged {result.task_id} sample {result.sample_id}: {mark}")
+
+        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, prebuild_jobs=prebuild_jobs)
+    bench.write_results(out, results, kind="evaluate", evaluation=eval_fingerprint(config))
+    _print_summary(out)
+    return 0, out
+
+
+# ------------------------------------------------------------------------------ shared helpers
+
+
+def _eval_config(**fields: Any) -> Any:
+    from cutegen.cli.agent_cmd import _local_eval_config
+
+    if "gpus" in fields:
+        fields["gpus"] = list(fields["gpus"])
+    return _local_eval_config(**fields)
+
+
+def _gpu_list(text: str | None, device: str) -> tuple[int, ...]:
+    """--gpus, else every visible GPU: the indices of CUDA_VISIBLE_DEVICES when it lists numbers (a
+    worker is pinned by setting it to one of them), else 0..count-1."""
+    from cutegen.errors import ConfigError
+
+    if text:
+        try:
+            return tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise ConfigError(f"--gpus {text!r} is not a list of GPU indices.", "Write e.g. --gpus 0,1.") from None
+    if device != "cuda":
+        return (0,)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible and all(part.strip().isdigit() for part in visible.split(",")):
+        return tuple(int(part) for part in visible.split(","))
+    import torch
+
+    return tuple(range(torch.cuda.device_count())) or (0,)
+
+
+def _write_report(run_dir: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # the report's plots need it; the results do not
+        console.print("[yellow]matplotlib is not installed: no report written[/] (results.json is complete);"
+                      f" run `cutegen report {run_dir}` where it is.")
+        return
+    from cutegen import bench, report
+
+    md, html = report.write_report([bench.load_run(run_dir)], run_dir)
+    typer.echo(f"report: {html}")
+    typer.echo(f"report: {md}")
+
+
+def _print_summary(run_dir: Path) -> None:
+    from cutegen import bench
+
+    run = bench.load_run(run_dir)
+    table = Table(title=f"{run.run_id}: {len(run.results)} result(s)", title_justify="left")
+    for column in ("group", "tasks", "correct", "fast_1", "fast_2", "geomean", "fast_1 (compile)", "geomean (compile)"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for g in run.summary:
+        table.add_row(g.group, str(g.tasks), str(g.correct), _pct(g.fast_1_eager), _pct(g.fast_2_eager),
+                      _x(g.geomean_speedup_eager), _pct(g.fast_1_compile), _x(g.geomean_speedup_compile))
+    Console().print(table)
+    typer.echo(f"results: {run_dir / bench.RESULTS}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}x"
+
+
+# ------------------------------------------------------------------------------ report, export
+
+
+@app.command("report", help="Markdown and a self-contained HTML page with plots for one run, or several side by"
+                            " side (e.g. profiling none / immediate / delayed).")
+def report_command(
+    runs: list[Path] = typer.Argument(..., help="Run directories (cutegen bench, optimize or bench --evaluate)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Folder for bench-report.md/.html and plots/ (default:"
+                             " the run directory for one run, ./bench-report for several)."),
+) -> None:
+    from cutegen import bench, report
+
+    loaded = [bench.load_run(run) for run in runs]
+    target = out or (runs[0] if len(runs) == 1 else Path("bench-report"))
+    md, html = report.write_report(loaded, target)
+    typer.echo(f"report: {html}")
+    typer.echo(f"report: {md}")
+
+
+@app.command("export", help="Write a task's best kernel as a standalone KernelBench ModelNew file, or as a"
+                            " registered torch custom op that torch.compile(fullgraph=True) can call.")
+def export_command(
+    run: Path = typer.Argument(..., help="A run directory (cutegen bench, optimize or bench --evaluate)."),
+    task: str = typer.Argument(..., help="The task: its id (level1/19) or file stem (19_ReLU, swish_scale)."),
+    fmt: str = typer.Option("kernelbench", "--format", "-f", help="kernelbench or torch-op."),
+    out: Path = typer.Option(None, "--out", "-o", help="The file to write (default: a KernelBench-style name"
+                             " in the current folder)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
+) -> None:
+    from cutegen import export
+    from cutegen.errors import ConfigError
+
+    text, name = export.export_best(run, task, fmt)
+    target = out or Path(name)
+    if target.exists() and not force:
+        raise ConfigError(f"{target} exists (a task file of the same name, or an earlier export).",
+                          "Pass --out with another path, or --force to overwrite it.")
+    target.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {target}")
