@@ -2,13 +2,17 @@
 # Run GPU benchmark scripts and the GPU-marked tests in ONE device call, each step bounded by its own
 # time limit, and pack every output into one archive (the device returns at most 8 files).
 #
-#   bash bench/h200_all.sh [STEP ...]        default: agent profile bench_evaluate knowledge gpu_tests
+#   bash bench/h200_all.sh STEP [STEP ...]
 #
-# Steps: runtime evaluator probe agent profile bench_evaluate knowledge gpu_tests.
+# Steps (own limit in seconds): runtime (120), evaluator (420), probe (420), agent (240), profile (300),
+# bench_evaluate (480), knowledge (420), gpu_tests (420). A device call may run 10 minutes, so the
+# steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
+# what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
 # Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe`, a
 # KernelBench copy in .kernelbench/. Writes $OUT/h200-results.tgz (one folder per step: the step's
 # files plus stdout.txt) and $OUT/summary.txt (exit status and seconds of each step).
 set -u
+[ $# -gt 0 ] || { echo "name the steps to run (see the comment at the top)"; exit 2; }
 OUT_DIR=${OUT:-/tmp/cutegen-h200}
 mkdir -p "$OUT_DIR"
 WORK=$(mktemp -d)
@@ -22,7 +26,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
     profile)        echo "300 python3 bench/profile_h200.py --out $2" ;;
-    bench_evaluate) echo "300 python3 bench/bench_evaluate_h200.py --out $2" ;;
+    bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s 460" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2" ;;
     gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml" ;;
     *)              return 1 ;;
@@ -31,13 +35,18 @@ step_command() {  # step, output folder -> the command line (and its limit in se
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   > "$WORK/nvidia-smi.csv" 2>&1
-for step in ${*:-agent profile bench_evaluate knowledge gpu_tests}; do
+TOTAL_S=${TOTAL_S:-570}
+began=$(date +%s)
+for step in "$@"; do
   mkdir -p "$WORK/$step"
   if ! line=$(step_command "$step" "$WORK/$step"); then
     echo "$step unknown-step" | tee -a "$WORK/summary.txt"; continue
   fi
   limit=${line%% *}
   start=$(date +%s)
+  left=$(( TOTAL_S - (start - began) ))
+  if [ "$left" -lt 30 ]; then echo "$step skipped: ${left}s left" | tee -a "$WORK/summary.txt"; continue; fi
+  [ "$left" -lt "$limit" ] && limit=$left
   # shellcheck disable=SC2086 # the command line is split on purpose
   timeout -k 10 "$limit" ${line#* } > "$WORK/$step/stdout.txt" 2>&1
   rc=$?

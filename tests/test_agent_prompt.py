@@ -6,6 +6,7 @@ import jinja2
 import pytest
 
 from cutegen import prompt
+from cutegen.knowledge import select_knowledge
 from cutegen.records import WORKLOAD_CLASSES, TaskTrace, TimingStats, Verdict
 
 TRACE = TaskTrace(aten_ops=("sigmoid", "mul"), flops=0, input_bytes=4096, param_bytes=0, output_bytes=4096,
@@ -42,10 +43,14 @@ def test_missing_variables_raise():
 
 def test_repair_prompts_show_candidate_and_feedback():
     context = dict(COMMON, candidate_source="BROKEN", feedback="error: no member named 'foo'", failure="nvcc",
-                   failed_stage="build", attempt=2, max_attempts=3, note="the reply had no code block")
+                   failed_stage="build", attempt=2, max_attempts=3, note="the reply had no code block",
+                   pitfalls="")
     user = prompt.messages("repair_build", backend="cute", track="fp32", **context)[1].content
     assert "BROKEN" in user and "no member named 'foo'" in user and "attempt 2 of 3" in user
-    assert "the reply had no code block" in user
+    assert "the reply had no code block" in user and "Known causes" not in user
+    shown = prompt.messages("repair_build", backend="cute", track="fp32",
+                            **dict(context, pitfalls="Add the missing include."))[1].content
+    assert "Known causes of this error:\n\nAdd the missing include." in shown
     context["failed_stage"] = "correctness"
     user = prompt.messages("repair_correctness", backend="cute", track="fp32", **context)[1].content
     assert "`correctness` stage" in user and "by `nvcc`" in user
@@ -80,9 +85,9 @@ def test_profile_block_only_when_due():
 def test_knowledge_is_picked_by_workload_class(tmp_path):
     (tmp_path / "common.md").write_text("Always vectorise.")
     (tmp_path / "gemm.md").write_text("Use wgmma.")
-    assert prompt.knowledge_for("gemm", tmp_path) == "Always vectorise.\n\nUse wgmma."
-    assert prompt.knowledge_for("norm", tmp_path) == "Always vectorise."
-    assert prompt.knowledge_for("gemm", tmp_path / "absent") == ""
+    assert select_knowledge("gemm", folder=tmp_path) == "Always vectorise.\n\nUse wgmma."
+    assert select_knowledge("norm", folder=tmp_path) == "Always vectorise."
+    assert select_knowledge("gemm", folder=tmp_path / "absent") == ""
     user = prompt.messages("generate", backend="cute", track="fp32",
-                           **dict(COMMON, knowledge=prompt.knowledge_for("gemm", tmp_path)))[1].content
+                           **dict(COMMON, knowledge=select_knowledge("gemm", folder=tmp_path)))[1].content
     assert "Use wgmma." in user

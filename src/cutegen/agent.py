@@ -49,6 +49,7 @@ from cutegen.config import AgentConfig, EvalConfig, profiling_delay
 from cutegen.errors import TaskError
 from cutegen.extract import BadReply, extract_candidate
 from cutegen.journal import Journal, eval_key, from_json
+from cutegen.knowledge import pitfalls_for
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
 from cutegen.records import Candidate, Reply, Request, Step, Task, TaskResult, Verdict, to_json
 
@@ -310,7 +311,9 @@ class Agent:
         verdict = subject.verdict
         return {**self._context(st, "repair", note), "candidate_source": subject.candidate.source.strip(),
                 "feedback": verdict.feedback.strip() or "(no details)", "failure": verdict.failure,
-                "failed_stage": verdict.stage, "attempt": attempt, "max_attempts": self.cfg.repairs}
+                "failed_stage": verdict.stage, "attempt": attempt, "max_attempts": self.cfg.repairs,
+                # Known causes of the compiler messages in the feedback, from the pack's pitfalls.
+                "pitfalls": pitfalls_for(verdict.feedback, folder=self.cfg.knowledge_dir)}
 
     async def _profile(self, st: _TaskState) -> str | None:
         """Profiler text for the best kernel, produced once per kernel (None: no profiler here)."""
@@ -330,10 +333,12 @@ class Agent:
     # ------------------------------------------------------------------------------ state
 
     def _new_state(self, task: Task) -> _TaskState:
+        from cutegen.knowledge import select_knowledge, task_dtypes
         from cutegen.trace import trace_task
 
         trace = prompt.trace_context(trace_task(task))
-        knowledge = prompt.knowledge_for(trace["workload_class"], self.cfg.knowledge_dir)
+        knowledge = select_knowledge(trace["workload_class"], trace["aten_ops"], dtypes=task_dtypes(task),
+                                     track=self.eval_config.track, folder=self.cfg.knowledge_dir)
         return _TaskState(task=task, trace=trace, knowledge=knowledge)
 
     def result(self, task_id: str) -> TaskResult:

@@ -8,8 +8,6 @@ same request ids and let any stage be answered by a fresh model (or a person) wi
 from __future__ import annotations
 
 import functools
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from cutegen.records import WORKLOAD_CLASSES, Message, TaskTrace, Verdict
@@ -74,11 +72,3 @@ def measurements(verdict: Verdict) -> str:
     if verdict.sol_fraction is not None:
         parts.append(f"{verdict.sol_fraction:.1%} of the speed-of-light bound")
     return ", ".join(parts) + "." if parts else "not timed."
-
-
-def knowledge_for(workload_class: str, folder: Path | None = None) -> str:
-    """The knowledge-pack text for a workload class: `common.md` then `<class>.md` of `folder`
-    (default: the pack shipped in templates/knowledge, when there is one); "" when none exists."""
-    base = Path(folder) if folder is not None else resources.files("cutegen").joinpath("templates", "knowledge")
-    texts = [base.joinpath(name) for name in ("common.md", f"{workload_class}.md")]
-    return "\n\n".join(t.read_text(encoding="utf-8").strip() for t in texts if t.is_file())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cutegen.config import ProviderSettings, RuntimeConfig, default_cache_root
+from cutegen.config import ProfileConfig, ProviderSettings, RuntimeConfig, default_cache_root
 
 # CUTEGEN_CACHE: root for build and measurement caches (default ~/.cache/cutegen)
 # CUTEGEN_CUTLASS_INCLUDE (or CUTLASS_PATH, a checkout root): headers instead of the nvidia-cutlass wheel
@@ -64,7 +64,5 @@ def provider_settings(state_dir: Path | None = None) -> ProviderSettings:
     )
 
 
-def profile_config() -> "ProfileConfig":
-    from cutegen.config import ProfileConfig
-
+def profile_config() -> ProfileConfig:
     return ProfileConfig(ncu=os.environ.get("CUTEGEN_NCU") or None)

@@ -1,0 +1,54 @@
+"""The pitfalls of the knowledge pack stay true: each snippet in tests/pitfalls/ fails to build with
+nvcc for sm_90a (through the project's runtime, headers and flags) and the distilled error holds the
+message that pitfalls.md quotes (its `// Expect:` line; test_knowledge.py checks the two lists agree).
+Marked nvcc (compile-only, no GPU); skipped when nvcc or the CUTLASS headers are missing."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import RuntimeConfig
+from cutegen.errors import BuildError, ToolchainError
+from cutegen.runtime import build_library, find_cutlass_include, find_nvcc
+
+SNIPPETS = sorted((Path(__file__).resolve().parent / "pitfalls").glob("*.cu"))
+
+
+def _toolchain_problem() -> str | None:
+    try:
+        find_nvcc(RuntimeConfig())
+        find_cutlass_include(RuntimeConfig())
+    except ToolchainError as err:
+        return str(err)
+    return None
+
+
+def _build(path: Path, config: RuntimeConfig) -> tuple[str, float, str | None]:
+    started = time.perf_counter()
+    try:
+        build_library(path.read_text(), config)
+    except BuildError as err:
+        return path.name, time.perf_counter() - started, err.distilled
+    return path.name, time.perf_counter() - started, None
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
+    config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
+    expected = {p.name: re.search(r"^// Expect: (.+)$", p.read_text(), re.M).group(1) for p in SNIPPETS}
+    with ThreadPoolExecutor(max_workers=2) as pool:  # nvcc is single-threaded; CI machines have 2 cores
+        results = list(pool.map(lambda p: _build(p, config), SNIPPETS))
+    wrong = []
+    for name, seconds, distilled in results:
+        print(f"{name}: {seconds:.1f} s")
+        if distilled is None:
+            wrong.append(f"{name} built without an error")
+        elif expected[name] not in distilled:
+            wrong.append(f"{name}: expected {expected[name]!r} in:\n{distilled}")
+    assert not wrong, "\n\n".join(wrong)
