@@ -37,13 +37,14 @@ import sys
 import tempfile
 import textwrap
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
     sys.path.insert(0, str(REPO / "src"))
+
+from _common import run_section  # noqa: E402 - bench/, this script's folder, is first on sys.path
 
 TASKS = REPO / "examples" / "tasks"
 CANDIDATES = REPO / "tests" / "fixtures" / "bench_candidates"
@@ -388,14 +389,7 @@ def main() -> int:
            "torch_op_reserve_s": 40.0 * len(torch_op), "export_reserve_s": 90.0 * len(kernelbench) + 40.0 * len(torch_op)}
     results["device"] = args.device
     for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
-        started = time.perf_counter()
-        try:
-            data = globals()[f"section_{name}"](ctx)
-        except Exception:  # noqa: BLE001 - keep the other sections' results
-            data = {"error": traceback.format_exc()}
-        data["wall_s"] = time.perf_counter() - started
-        results["sections"][name] = data
-        write_report(args.out, results)
+        data = run_section(name, globals(), ctx, results, lambda r: write_report(args.out, r))
         print(f"{name}: {data.get('ok', '-')}/{data.get('total', '-')} OK in {data['wall_s']:.0f} s", flush=True)
     return 0 if all("error" not in d and d.get("ok") == d.get("total") for d in results["sections"].values()) else 1
 

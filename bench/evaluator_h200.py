@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
     sys.path.insert(0, str(REPO / "src"))
+
+from _common import run_section  # noqa: E402 - bench/, this script's folder, is first on sys.path
 
 from cutegen.config import EvalConfig  # noqa: E402
 from cutegen.evaluate.pipeline import evaluate_candidate, prebuild_candidates  # noqa: E402
@@ -280,17 +281,10 @@ def main() -> int:
         ctx = {"pool": pool, "config": EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime,
                                                   run_timeout_s=120.0)}
         for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
-            started = time.perf_counter()
-            if started - begun > args.budget_s:
+            if time.perf_counter() - begun > args.budget_s:
                 results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}
                 continue
-            try:
-                data = globals()[f"section_{name}"](ctx)
-            except Exception:  # noqa: BLE001 - keep the other sections' results
-                data = {"error": traceback.format_exc()}
-            data["wall_s"] = time.perf_counter() - started
-            results["sections"][name] = data
-            write_report(args.out, results)
+            data = run_section(name, globals(), ctx, results, lambda r: write_report(args.out, r))
             print(f"{name}: {data.get('ok', '')}/{data.get('total', '')} in {data['wall_s']:.0f} s", flush=True)
     return 0 if all("error" not in d for d in results["sections"].values()) else 1
 

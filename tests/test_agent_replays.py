@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import RuntimeConfig
-from cutegen.errors import BuildError, ToolchainError
+from cutegen.errors import BuildError
 from cutegen.evaluate.checks_static import run_static_checks
 from cutegen.extract import extract_candidate
-from cutegen.runtime import find_cutlass_include, find_kernels, find_nvcc
+from cutegen.runtime import find_kernels
+
+from helpers import needs_nvcc
 
 REPLAYS = Path(__file__).resolve().parents[1] / "examples" / "replays"
 SEQUENCE = ["generate", "repair_build", "optimize", "optimize"]
@@ -33,15 +35,6 @@ def test_replies_follow_the_workflow_and_pass_static_checks(name, backend):
         assert run_static_checks(candidate.source, backend=backend) == ()
 
 
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
-
-
 def _kernel(text: str):
     module = types.ModuleType("replayed_candidate")
     exec(compile(extract_candidate(text).source, "replayed_candidate", "exec"), module.__dict__)  # noqa: S102
@@ -50,7 +43,7 @@ def _kernel(text: str):
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+@needs_nvcc
 def test_cute_replies_compile_except_the_broken_first(tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     first, *fixed = replies("swish_scale_cute.jsonl")

@@ -14,10 +14,12 @@ import pytest
 
 from cutegen import bench
 from cutegen.config import RuntimeConfig
-from cutegen.errors import BuildError, ToolchainError
+from cutegen.errors import BuildError
 from cutegen.evaluate.checks_static import run_static_checks
-from cutegen.runtime import find_cutlass_include, find_kernels, find_nvcc
+from cutegen.runtime import find_kernels
 from cutegen.tasks import load_tasks
+
+from helpers import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "tests" / "fixtures" / "bench_candidates"
@@ -55,17 +57,8 @@ def test_each_file_declares_its_kernels_and_static_checks_agree(path):
     assert found == (failures if stage == "static" else set())
 
 
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
-
-
 @pytest.mark.nvcc
-@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+@needs_nvcc
 def test_cute_sources_compile_for_sm90a_except_the_broken_build(tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     # Files that differ from their sample 0 only after the build (wrong results, crashes) are left

@@ -43,7 +43,7 @@ def work(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def agent_run(work) -> tuple[Path, str]:
     code, out = cutegen(["bench", str(TASKS), "--model", f"replay:{REPLAY}", *AGENT, *FAST_EVAL,
-                         "--runs-dir", "runs", "--run-id", "b1"], work)
+                         "--budget-tokens", "100000000", "--runs-dir", "runs", "--run-id", "b1"], work)
     assert code == 0, out
     return work / "runs" / "b1", out
 
@@ -72,6 +72,7 @@ def test_replay_bench_writes_kernelbench_results_markdown_and_html(agent_run):
     run, out = agent_run
     data = json.loads((run / "results.json").read_text())
     assert data["kind"] == "agent" and data["recorded"] is True and data["model"] == "replay:replay.jsonl"
+    assert data["agent"]["budget"]["tokens"] == 100_000_000  # --budget-tokens reaches the run's AgentConfig
     assert data["tolerance"] == {"track": "fp32", "atol": 1e-4, "rtol": 1e-4, "half_atol": 2e-2, "half_rtol": 2e-2}
     assert data["manifest"]["torch_version"] and "gpu_count" in data["manifest"]
     assert len(data["tasks_sha256"]) == 64

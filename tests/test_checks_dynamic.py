@@ -32,6 +32,8 @@ from cutegen.evaluate.checks_dynamic import (
 from cutegen.evaluate.compare import compare_outputs
 from cutegen.tasks import load_task, task_module
 
+from helpers import header
+
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = REPO / "tests" / "fixtures" / "cheats"
 HONEST = REPO / "tests" / "fixtures" / "honest"
@@ -39,17 +41,6 @@ TOL = 1e-4
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def header(path: Path) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].partition(":")
-        if sep and key.strip() in ("exploit", "caught-by", "task", "backend", "needs"):
-            fields.setdefault(key.strip(), value.strip())
-    return fields
 
 
 def fixtures_caught_by(name: str, *, cuda: bool = False) -> list[Path]:

@@ -24,6 +24,8 @@ from cutegen.errors import ConfigError
 from cutegen.evaluate import checks_dynamic, checks_static, compare
 from cutegen.evaluate.checks_static import BACKENDS, STATIC_CHECKS, run_static_checks
 
+from helpers import header
+
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
 HONEST = sorted((REPO / "tests" / "fixtures" / "honest").glob("*.py"))
@@ -33,19 +35,6 @@ DYNAMIC_NAMES = {
     "disallowed_ops", "audit_kernels", "global_state_changes", "new_threads", "check_output_types",
     "check_nonfinite", "inputs_mutated", "ghost_probe", "churn_free_memory", "compare_outputs",
 }
-
-
-def header(path: Path) -> dict[str, str]:
-    """The `# key: value` lines at the top of a fixture."""
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].partition(":")
-        if sep and key.strip() in ("exploit", "caught-by", "task", "backend", "needs"):
-            fields.setdefault(key.strip(), value.strip())
-    return fields
-
 
 STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
 

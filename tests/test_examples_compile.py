@@ -11,20 +11,12 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import RuntimeConfig
-from cutegen.errors import ToolchainError
-from cutegen.runtime import find_cutlass_include, find_kernels, find_nvcc
+from cutegen.runtime import find_kernels
+
+from helpers import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = sorted((REPO / "examples" / "candidates").glob("*.py"))
-
-
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
 
 
 def _import(path: Path):
@@ -46,7 +38,7 @@ def test_candidate_declares_kernels_and_a_model(path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+@needs_nvcc
 @pytest.mark.parametrize("path", CANDIDATES, ids=[p.stem for p in CANDIDATES])
 def test_candidate_kernels_compile_for_sm90a(path, tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")

@@ -13,19 +13,12 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import RuntimeConfig
-from cutegen.errors import BuildError, ToolchainError
-from cutegen.runtime import build_library, find_cutlass_include, find_nvcc
+from cutegen.errors import BuildError
+from cutegen.runtime import build_library
+
+from helpers import needs_nvcc
 
 SNIPPETS = sorted((Path(__file__).resolve().parent / "pitfalls").glob("*.cu"))
-
-
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
 
 
 def _build(path: Path, config: RuntimeConfig) -> tuple[str, float, str | None]:
@@ -38,7 +31,7 @@ def _build(path: Path, config: RuntimeConfig) -> tuple[str, float, str | None]:
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+@needs_nvcc
 def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     expected = {p.name: re.search(r"^// Expect: (.+)$", p.read_text(), re.M).group(1) for p in SNIPPETS}

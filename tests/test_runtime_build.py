@@ -27,17 +27,7 @@ from cutegen.runtime import (
     nvcc_release,
 )
 
-
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
-
-
-needs_nvcc = pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
+from helpers import needs_nvcc
 
 TINY_SOURCE = """\
 #include <cuda_runtime.h>

@@ -12,31 +12,19 @@ import types
 import pytest
 
 from cutegen.config import RuntimeConfig
-from cutegen.errors import BuildError, ConfigError, LaunchError, ToolchainError
+from cutegen.errors import BuildError, ConfigError, LaunchError
 from cutegen.runtime import (
     CuteKernel,
     KernelError,
     current_config,
-    find_cutlass_include,
     find_kernels,
-    find_nvcc,
     use_config,
 )
 from cutegen.runtime.distill import distill_errors
 
+from helpers import needs_nvcc, toolchain_problem
+
 torch = pytest.importorskip("torch")
-
-
-def _toolchain_problem() -> str | None:
-    try:
-        find_nvcc(RuntimeConfig())
-        find_cutlass_include(RuntimeConfig())
-    except ToolchainError as err:
-        return str(err)
-    return None
-
-
-needs_nvcc = pytest.mark.skipif(_toolchain_problem() is not None, reason="nvcc or the CUTLASS headers are missing")
 
 SOURCE = """\
 #include <cuda_runtime.h>
@@ -59,7 +47,7 @@ FUNCTIONS = {"scale": ("f32*", "i64", "f32"), "fail_with": ("i32",), "scalars": 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> CuteKernel:
-    if _toolchain_problem() is not None:
+    if toolchain_problem() is not None:
         pytest.skip("nvcc or the CUTLASS headers are missing")
     kernel = CuteKernel(SOURCE, FUNCTIONS, name="test_scale")
     kernel.build(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), arch="sm_90a"))

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cutegen.cli import app
+from cutegen.cli import options as opt
 
 if TYPE_CHECKING:
     from cutegen.config import EvalConfig
@@ -38,27 +39,26 @@ def optimize_command(
     model: str = typer.Option(..., "--model", "-m", help="anthropic:MODEL, openai:MODEL, "
                               "openai-compatible:MODEL@URL, exchange:[DIR] or replay:FILE (recorded replies)."),
     select: str = typer.Option(None, "--select", "-s", help="Task selector, e.g. level1:1-20 or '*relu*'."),
-    rounds: int = typer.Option(5, "--rounds", help="Optimization rounds per task."),
-    repairs: int = typer.Option(3, "--repairs", help="Repairs per failing candidate."),
-    generations: int = typer.Option(3, "--generations", help="Fresh starts per task while none is correct."),
-    patience: int = typer.Option(3, "--patience", help="Stop a task after this many rounds without gain."),
-    profiling: str = typer.Option("delayed:2", "--profiling", help="none, immediate or delayed:K."),
-    target_sol: float = typer.Option(0.9, "--target-sol", help="Stop a task at this fraction of speed of light."),
-    budget_usd: float = typer.Option(None, "--budget-usd", help="Run-wide dollar limit."),
-    budget_calls: int = typer.Option(None, "--budget-calls", help="Run-wide limit on model calls."),
-    budget_tokens: int = typer.Option(None, "--budget-tokens", help="Run-wide limit on tokens (in + out)."),
-    budget_gpu_s: float = typer.Option(None, "--budget-gpu-s", help="Run-wide limit on GPU seconds."),
-    budget_wall_s: float = typer.Option(None, "--budget-wall-s", help="Run-wide limit on wall seconds."),
-    backend: str = typer.Option("cute", "--backend", help="cute (own CuTe kernels) or torch (plain torch ops)."),
-    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (backend torch only)."),
-    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 or tf32."),
-    correctness_trials: int = typer.Option(5, "--correctness-trials", help="Correctness trials per candidate."),
-    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
-    compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
-                                          help="Also time torch.compile as a baseline."),
-    max_tokens: int = typer.Option(16384, "--max-tokens", help="Reply limit of each model call."),
-    concurrency: int = typer.Option(4, "--concurrency", help="Model calls in flight at once."),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories are made."),
+    rounds: opt.Rounds = 5,
+    repairs: opt.Repairs = 3,
+    generations: opt.Generations = 3,
+    patience: opt.Patience = 3,
+    profiling: opt.Profiling = "delayed:2",
+    target_sol: opt.TargetSol = 0.9,
+    budget_usd: opt.BudgetUsd = None,
+    budget_calls: opt.BudgetCalls = None,
+    budget_tokens: opt.BudgetTokens = None,
+    budget_gpu_s: opt.BudgetGpuS = None,
+    budget_wall_s: opt.BudgetWallS = None,
+    backend: opt.Backend = "cute",
+    device: opt.Device = "cuda",
+    track: opt.TrackBrief = "fp32",
+    correctness_trials: opt.CorrectnessTrials = 5,
+    timing_trials: opt.TimingTrials = 100,
+    compile_baseline: opt.CompileBaseline = True,
+    max_tokens: opt.MaxTokens = 16384,
+    concurrency: opt.Concurrency = 4,
+    runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run directory (default: time + random)."),
 ) -> None:
     from cutegen.config import AgentConfig, Budget
@@ -88,7 +88,7 @@ def optimize_command(
                             " not repeated; works on another machine or path. " + STATUS_HELP)
 def resume_command(
     run: Path = typer.Argument(..., help="The run directory (runs/<id>)."),
-    concurrency: int = typer.Option(None, "--concurrency", help="Model calls in flight at once."),
+    concurrency: opt.Concurrency = None,
 ) -> None:
     from cutegen.config import AgentConfig
     from cutegen.journal import Journal, from_json, load_run

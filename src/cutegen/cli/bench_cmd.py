@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cutegen.cli import app
+from cutegen.cli import options as opt
 
 console = Console(stderr=True)
 BENCH_HELP = (
@@ -38,29 +39,29 @@ def bench_command(
                               "openai-compatible:MODEL@URL, exchange:[DIR] or replay:FILE."),
     evaluate: Path = typer.Option(None, "--evaluate", help="Judge the ModelNew files in this folder instead (one"
                                   " per task: <task stem>.py or level_<L>_problem_<P>_sample_<S>_kernel.py)."),
-    rounds: int = typer.Option(5, "--rounds", help="Optimization rounds per task."),
-    repairs: int = typer.Option(3, "--repairs", help="Repairs per failing candidate."),
-    generations: int = typer.Option(3, "--generations", help="Fresh starts per task while none is correct."),
-    patience: int = typer.Option(3, "--patience", help="Stop a task after this many rounds without gain."),
-    profiling: str = typer.Option("delayed:2", "--profiling", help="none, immediate or delayed:K."),
-    target_sol: float = typer.Option(0.9, "--target-sol", help="Stop a task at this fraction of speed of light."),
-    budget_usd: float = typer.Option(None, "--budget-usd", help="Run-wide dollar limit."),
-    budget_calls: int = typer.Option(None, "--budget-calls", help="Run-wide limit on model calls."),
-    budget_gpu_s: float = typer.Option(None, "--budget-gpu-s", help="Run-wide limit on GPU seconds."),
-    budget_wall_s: float = typer.Option(None, "--budget-wall-s", help="Run-wide limit on wall seconds."),
-    max_tokens: int = typer.Option(16384, "--max-tokens", help="Reply limit of each model call."),
-    concurrency: int = typer.Option(8, "--concurrency", help="Model calls in flight at once."),
-    backend: str = typer.Option("cute", "--backend", help="cute (own CuTe kernels) or torch (plain torch ops)."),
-    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (backend torch only)."),
-    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 (TF32 off, 1e-4) or tf32 (1e-2)."),
-    correctness_trials: int = typer.Option(5, "--correctness-trials", help="Correctness trials per candidate."),
-    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
-    compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
-                                          help="Also time torch.compile as a baseline."),
+    rounds: opt.Rounds = 5,
+    repairs: opt.Repairs = 3,
+    generations: opt.Generations = 3,
+    patience: opt.Patience = 3,
+    profiling: opt.Profiling = "delayed:2",
+    target_sol: opt.TargetSol = 0.9,
+    budget_usd: opt.BudgetUsd = None,
+    budget_calls: opt.BudgetCalls = None,
+    budget_tokens: opt.BudgetTokens = None,
+    budget_gpu_s: opt.BudgetGpuS = None,
+    budget_wall_s: opt.BudgetWallS = None,
+    max_tokens: opt.MaxTokens = 16384,
+    concurrency: opt.Concurrency = 8,
+    backend: opt.Backend = "cute",
+    device: opt.Device = "cuda",
+    track: opt.Track = "fp32",
+    correctness_trials: opt.CorrectnessTrials = 5,
+    timing_trials: opt.TimingTrials = 100,
+    compile_baseline: opt.CompileBaseline = True,
     gpus: str = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1 (default: every visible GPU)."),
     prebuild_jobs: int = typer.Option(None, "--prebuild-jobs", help="--evaluate: CuTe builds at once on the CPU"
                                       " before the GPU evaluations (default: half the CPU cores; 0: none)."),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories are made."),
+    runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Run directory name; an existing one is resumed."),
     html: bool = typer.Option(True, "--report/--no-report", help="Write bench-report.md/.html at the end."),
 ) -> None:
@@ -81,7 +82,8 @@ def bench_command(
         status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id,
                                           jobs if device == "cuda" else 0)
     else:
-        budget = Budget(llm_calls=budget_calls, usd=budget_usd, gpu_s=budget_gpu_s, wall_s=budget_wall_s)
+        budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
+                        wall_s=budget_wall_s)
         agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                    profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
                                    concurrency=concurrency, budget=budget)

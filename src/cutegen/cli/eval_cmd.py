@@ -17,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from cutegen.cli import app
+from cutegen.cli import options as opt
 
 EXIT_REJECTED = 1
 stderr = Console(stderr=True)
@@ -48,13 +49,12 @@ def eval_command(
     task: Path = typer.Option(..., "--task", "-t", help="The task file (or a suite with --select)."),
     select: str = typer.Option(None, "--select", "-s", help="One task of a suite, e.g. level1/19."),
     as_json: bool = typer.Option(False, "--json", help="Print the Verdict as JSON."),
-    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 (TF32 off, 1e-4) or tf32 (1e-2)."),
+    track: opt.Track = "fp32",
     backend: str = typer.Option("cute", "--backend", help="cute (own kernels required) or torch."),
-    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (backend torch only)."),
+    device: opt.Device = "cuda",
     no_timing: bool = typer.Option(False, "--no-timing", help="Stop after correctness and anti-cheat checks."),
-    compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
-                                          help="Also time torch.compile as a baseline."),
-    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
+    compile_baseline: opt.CompileBaseline = True,
+    timing_trials: opt.TimingTrials = 100,
     gpu: int = typer.Option(0, "--gpu", help="GPU index to run on."),
 ) -> None:
     """Judge one candidate with the hardened evaluator. Exit status: 0 passed, 1 rejected, 2 usage error."""
@@ -125,11 +125,11 @@ def _timing_table(verdict: Any) -> Table:
 def baseline_command(
     suite: Path = typer.Argument(..., help="A task file, a folder of task files, or a KernelBench checkout."),
     select: str = typer.Option(None, "--select", "-s", help="e.g. level1, level2:1-20, level1/19."),
-    track: str = typer.Option("fp32", "--track", help="Precision track: fp32 or tf32."),
+    track: opt.TrackBrief = "fp32",
     device: str = typer.Option("cuda", "--device", help="cuda or cpu."),
     compile_baseline: bool = typer.Option(True, "--compile-baseline/--no-compile-baseline",
                                           help="Also time torch.compile."),
-    timing_trials: int = typer.Option(100, "--timing-trials", help="Timed calls per measurement."),
+    timing_trials: opt.TimingTrials = 100,
     gpu: int = typer.Option(0, "--gpu", help="GPU index to run on."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:

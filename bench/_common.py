@@ -1,0 +1,26 @@
+"""Helpers shared by the bench scripts. A script runs as `python3 bench/<script>.py`, so bench/ is first
+on sys.path and `from _common import ...` finds this module."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def run_section(name: str, namespace: Mapping[str, Any], ctx: dict[str, Any], results: dict[str, Any],
+                write_report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run section NAME of a bench script, the function `section_NAME` of `namespace` (the script's
+    globals()), on `ctx`. Its data, or the traceback (an unknown or failing section keeps the others'
+    results), and its wall time go into results["sections"][name]; then the report is written again,
+    so a run cut short keeps what it did. Returns the section's data."""
+    started = time.perf_counter()
+    try:
+        data = namespace[f"section_{name}"](ctx)
+    except Exception:  # noqa: BLE001 - keep the other sections' results
+        data = {"error": traceback.format_exc()}
+    data["wall_s"] = time.perf_counter() - started
+    results["sections"][name] = data
+    write_report(results)
+    return data
