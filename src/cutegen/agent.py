@@ -12,7 +12,8 @@ queued to a thread pool in front of the evaluator):
     optimize round r: ask for ONE optimization of the BEST correct kernel so far (not the latest),
     with workload-class guidance, and with profile feedback once the schedule allows it
     (none / immediate / delayed:K = withheld for the first K rounds); a failing result gets up to N
-    repairs; the round gains when the result is correct and `min_gain` faster than the best.
+    repairs; the round gains when the result is correct and faster than the best by `min_gain`, or by
+    the baseline's measured timing noise when that is larger.
 
     A task stops when its rounds are done, after `patience` rounds without gain, when the best kernel
     reaches `target_sol_fraction` of its speed-of-light bound, or when the run's budget (model calls,
@@ -370,12 +371,20 @@ def _profile_due(schedule: str, round_number: int) -> bool:
     return delay is not None and round_number > delay
 
 
+def required_gain(new: Verdict, best: Verdict, min_gain: float) -> float:
+    """The relative gain that counts: `min_gain`, or the baseline's measured timing noise when that is
+    larger (a difference within the spread of two identical measurements is not a gain)."""
+    noise = max((v.noise_pct or 0.0) for v in (new, best)) / 100.0
+    return max(min_gain, noise)
+
+
 def _faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
-    """`new` beats `best` by more than `min_gain` (relative), by median time, else by eager speedup."""
+    """`new` beats `best` by more than `required_gain` (relative), by median time, else by eager speedup."""
+    gain = required_gain(new, best, min_gain)
     if new.timing is not None and best.timing is not None:
-        return new.timing.median_ms < best.timing.median_ms * (1.0 - min_gain)
+        return new.timing.median_ms < best.timing.median_ms * (1.0 - gain)
     if new.speedup_vs_eager is not None and best.speedup_vs_eager is not None:
-        return new.speedup_vs_eager > best.speedup_vs_eager * (1.0 + min_gain)
+        return new.speedup_vs_eager > best.speedup_vs_eager * (1.0 + gain)
     return False
 
 
