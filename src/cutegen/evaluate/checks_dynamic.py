@@ -12,6 +12,8 @@ arbitrary code in the worker.
 
 from __future__ import annotations
 
+import re
+
 import secrets
 import threading
 import time
@@ -103,17 +105,30 @@ def disallowed_ops(ops: Sequence[str], backend: str) -> list[str]:
 # -------------------------------------------------------------------------------- kernel audit
 
 # Substrings (lower case) of kernel names that come from PyTorch, cuBLAS/cuBLASLt, cuDNN, cuFFT,
-# or torch.compile's Triton kernels, not from the candidate's own library.
+# or torch.compile's Triton kernels, not from the candidate's own library. They are looked for in the
+# unqualified identifiers of a name only (see `_leading_identifiers`): a CuTe kernel's template
+# arguments name library types such as `cute::SM90_TMA_LOAD` or `cutlass::bfloat16_t`, which must not
+# make the candidate's own kernel look like a vendor one.
 LIBRARY_KERNEL_MARKERS = (
-    "at::native", "at::cuda", "c10::", "cublas", "cudnn", "cufft", "cusparse", "curand", "nvjet",
+    "cublas", "cudnn", "cufft", "cusparse", "curand", "nvjet",
     "xmma", "cutlass_80_", "cutlass_75_", "cutlass_90_", "cutlass3x_", "cutlass_tensorop",
     "cutlass_simt", "ampere_", "volta_", "turing_", "sm80_", "sm86_", "sm89_", "sm90_", "sm100_",
     "gemv2", "gemvx", "gemmk1", "gemmsn", "splitkreduce", "implicit_convolve", "winograd",
     "fft2d", "fft1d", "regular_fft", "vector_fft", "nchwtonhwc", "nhwctonchw", "triton_",
     "dot_kernel", "reduce_1block", "scal_kernel", "axpy_kernel",
 )
+# PyTorch's own kernels, recognised by the namespace their name starts with (at any nesting level of
+# the name, but never as the inner part of a qualified name).
+LIBRARY_NAMESPACES = re.compile(r"(?<![\w:])(?:at::native|at::cuda|c10)::")
 # Memory traffic that allocation and layout prep may cause: copies, fills, memsets.
 PREP_KERNEL_MARKERS = ("memcpy", "memset", "fillfunctor", "fill_kernel", "direct_copy_kernel")
+_IDENTIFIER = re.compile(r"(?<![\w:])[a-z_]\w*")
+
+
+def _leading_identifiers(lowered: str) -> list[str]:
+    """The identifiers of a demangled name that are not the inner part of a qualified name:
+    "void ns::k<cute::sm90_tma_load, cutlass_80_x>" -> ["void", "ns", "cute", "cutlass_80_x"]."""
+    return _IDENTIFIER.findall(lowered)
 
 
 def classify_kernel(name: str) -> str:
@@ -121,7 +136,9 @@ def classify_kernel(name: str) -> str:
     lowered = name.lower()
     if any(marker in lowered for marker in PREP_KERNEL_MARKERS):
         return "prep"
-    if any(marker in lowered for marker in LIBRARY_KERNEL_MARKERS):
+    if LIBRARY_NAMESPACES.search(lowered):
+        return "library"
+    if any(marker in token for token in _leading_identifiers(lowered) for marker in LIBRARY_KERNEL_MARKERS):
         return "library"
     return "own"
 
