@@ -52,3 +52,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def shared_build_cache(tmp_path_factory) -> Path:
+    """The build cache of GPU tests that only use (not measure) builds: CUTEGEN_TEST_BUILD_CACHE when
+    set (bench/h200_all.sh points it at the kernels it prebuilt in parallel), else a fresh folder."""
+    given = os.environ.get("CUTEGEN_TEST_BUILD_CACHE")
+    return Path(given) if given else tmp_path_factory.mktemp("builds")

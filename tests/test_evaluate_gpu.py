@@ -29,10 +29,10 @@ def pool():
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
+def config(tmp_path_factory, shared_build_cache):
     pytest.importorskip("cutlass_library")
     root = tmp_path_factory.mktemp("eval")
-    return EvalConfig(device="cuda", cache_dir=root / "eval", runtime=RuntimeConfig(cache_dir=root / "build"),
+    return EvalConfig(device="cuda", cache_dir=root / "eval", runtime=RuntimeConfig(cache_dir=shared_build_cache),
                       timing_trials=30, compile_baseline=False, run_timeout_s=60.0, build_timeout_s=120.0)
 
 
@@ -61,3 +61,35 @@ def test_gpu_faults_end_in_a_clear_verdict_and_the_next_evaluation_passes(name, 
     assert not verdict.passed and verdict.failure == failure, verdict.feedback
     after = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), replace(config, do_timing=False), pool=pool)
     assert after.passed, after.feedback
+
+
+def _matmuls(a):
+    """About 10 ms of cuBLAS work on the current stream (TF32 off: fp32 SIMT)."""
+    out = a
+    for _ in range(4):
+        out = a @ a
+    return out
+
+
+def test_timing_takes_the_stream_time_and_counts_work_left_on_another_stream():
+    import statistics
+
+    import torch
+
+    from cutegen.evaluate.timing import time_forward
+
+    x = torch.randn(4096, 4096, device="cuda")
+    side = torch.cuda.Stream()
+
+    def hidden(a):  # the same work on a stream the caller's end event does not wait for
+        with torch.cuda.stream(side):
+            out = _matmuls(a)
+        return out
+
+    honest = time_forward(_matmuls, [[x]], device=torch.device("cuda"), trials=8, warmup=2)
+    cheat = time_forward(hidden, [[x]], device=torch.device("cuda"), trials=8, warmup=2)
+    assert honest.past_stream <= 1 and cheat.past_stream == 8
+    # On the stream, the end event comes before the synchronize's latency; off it, the device-wide
+    # wait is what counts, so the hidden work is still charged in full.
+    assert all(t <= i for t, i in zip(honest.times_ms, honest.idle_ms))
+    assert statistics.median(cheat.times_ms) >= 0.9 * statistics.median(honest.times_ms)

@@ -182,3 +182,15 @@ def test_runtime_config_survives_the_channel():
 
     config = RuntimeConfig(cache_dir=Path("/x/build"), arch="sm_90a", extra_flags=("-lineinfo",))
     assert runtime_from_json(to_json(config)) == config
+
+
+def test_work_past_the_stream_fails_only_when_most_timed_calls_show_it():
+    from cutegen.evaluate.pipeline import _judge_streams
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    run = VerdictBuilder("t", "0" * 64, EvalConfig(device="cpu", backend="torch"))
+    _judge_streams(run, past_stream=2, trials=100, limit_ms=0.02)  # host jitter on a few calls: fine
+    assert run.failure is None and run.checks[-1].passed
+    with pytest.raises(Stop):
+        _judge_streams(run, past_stream=51, trials=100, limit_ms=0.02)
+    assert run.failure == "work_past_stream" and "another stream" in run.feedback

@@ -26,8 +26,8 @@ CANDIDATES = Path(__file__).resolve().parents[1] / "examples" / "candidates"
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory) -> RuntimeConfig:
-    return RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"))  # arch read from the device
+def config(shared_build_cache) -> RuntimeConfig:
+    return RuntimeConfig(cache_dir=shared_build_cache)  # arch read from the device
 
 
 def _load(name: str, config: RuntimeConfig):

@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.nvcc,
 
 
 @pytest.fixture(scope="module")
-def eval_config(tmp_path_factory) -> EvalConfig:
+def eval_config(tmp_path_factory, shared_build_cache) -> EvalConfig:
     root = tmp_path_factory.mktemp("profile")
-    return EvalConfig(cache_dir=root / "eval", runtime=RuntimeConfig(cache_dir=root / "build"))
+    return EvalConfig(cache_dir=root / "eval", runtime=RuntimeConfig(cache_dir=shared_build_cache))
 
 
 def test_elementwise_profile_moves_the_bytes_the_task_defines(eval_config):

@@ -95,6 +95,7 @@ class _Calls:
             self.run.fail(died.reason, feedback, detail=died.detail)
         finally:
             self.run.gpu_s += time.perf_counter() - started
+            self.run.timed(command, started)
         if not reply["ok"]:
             error = reply["error"]
             if error.get("kind") == "toolchain":
@@ -110,9 +111,13 @@ def _worker_stages(run: VerdictBuilder, source: str, task: Task, config: EvalCon
     from cutegen.evaluate.baselines import get_baselines
     from cutegen.evaluate.sol import get_peaks
 
+    started = time.perf_counter()
     baselines = get_baselines(task, config, pool) if config.do_timing else None
     peaks = get_peaks(config.cache_dir, pool, config.run_timeout_s) if config.do_timing else None
+    run.timed("baselines", started)
+    started = time.perf_counter()
     with pool.worker() as worker:
+        run.timed("worker", started)  # waiting for a started worker (the warmed spare, when there is one)
         call = _Calls(run, worker, config)
         try:
             reference = _reference(run, worker, task, config)
@@ -124,7 +129,9 @@ def _worker_stages(run: VerdictBuilder, source: str, task: Task, config: EvalCon
             _judge_anticheat(run, call("anticheat"), config)
             if config.do_timing:
                 run.stage = "timing"
+                started = time.perf_counter()
                 worker.settle()
+                run.timed("settle", started)
                 _judge_timing(run, call("timing"), task, config, baselines, peaks, reference["dtype"])
             else:
                 run.feedback = correct_feedback(run.fields.get("errors"), timed=False)
@@ -151,6 +158,7 @@ def _reference(run: VerdictBuilder, worker: Any, task: Task, config: EvalConfig)
                         " reference completes (or raise the reference timeout).") from None
     finally:
         run.gpu_s += time.perf_counter() - started
+        run.timed("reference", started)
     if not reply["ok"]:
         error = reply["error"]
         raise TaskError(f"The reference of task {task.task_id} raised {error.get('type')}: "
@@ -235,10 +243,24 @@ def _judge_timing(run: VerdictBuilder, data: dict[str, Any], task: Task, config:
     timing = summarize(data["times_ms"])
     run.set(timing=timing)
     run.add(CheckResult("timed_outputs", "timing", True, f"{len(data['validated'])} timed outputs checked"))
+    _judge_streams(run, data.get("past_stream", 0), timing.trials, data.get("idle_limit_ms"))
     _speed(run, timing, task, config, baselines, peaks, dtype)
     run.feedback = timing_feedback(timing, run.fields, run.fields.get("errors"))
     if run.fields.get("needs_review"):
         run.feedback += f" Speedup above {config.review_speedup:g}x: flagged for review."
+
+
+def _judge_streams(run: VerdictBuilder, past_stream: int, trials: int, limit_ms: float | None) -> None:
+    """Defeats work launched on another stream (created where the static checks cannot see it) so
+    that the caller's stream, and an end event recorded on it, finish early: the device-wide wait
+    after each timed call shows that work outlasted the stream. A trial or two can exceed the limit
+    through host jitter alone, so the check fails only when most trials do."""
+    if past_stream * 2 > trials:
+        run.fail("work_past_stream", f"In {past_stream} of {trials} timed calls the GPU was still busy"
+                 f" more than {limit_ms:.3g} ms after the candidate's stream had finished: work runs on"
+                 " another stream. Launch every kernel on the stream the launcher is given.")
+    run.add(CheckResult("work_past_stream", "timing", True,
+                        f"{past_stream} of {trials} timed calls ran past the stream"))
 
 
 def _speed(run: VerdictBuilder, timing: Any, task: Task, config: EvalConfig, baselines: Any, peaks: Any,

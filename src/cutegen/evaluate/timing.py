@@ -15,14 +15,22 @@ CPU_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of the CPUs CI ru
 
 @dataclass
 class TimedRun:
-    """Raw result of `time_forward`: per-trial times and the outputs kept for validation."""
+    """Raw result of `time_forward`: per-trial times and the outputs kept for validation.
+
+    `stream_ms`/`idle_ms` are, per trial, the time to the end event on the caller's stream and to the
+    device being idle; `past_stream` counts the trials whose device work outlasted the stream by more
+    than `idle_limit_ms` (then `times_ms` holds the time to idle)."""
 
     times_ms: list[float]
     kept: dict[int, tuple[int, Any]] = field(default_factory=dict)  # trial -> (input set, outputs)
+    stream_ms: list[float] = field(default_factory=list)
+    idle_ms: list[float] = field(default_factory=list)
+    past_stream: int = 0
+    idle_limit_ms: float | None = None
 
 
 def flush_bytes(device: Any) -> int:
-    """Bytes written before each trial: twice the L2 (at least 128 MiB) on a GPU."""
+    """Bytes read before each trial: twice the L2 (at least 128 MiB) on a GPU."""
     import torch
 
     if device.type != "cuda":
@@ -39,6 +47,43 @@ def random_trials(trials: int, count: int) -> tuple[int, ...]:
     return tuple(sorted(rng.sample(range(trials), min(count, trials))))
 
 
+def _sync_gap_limit_ms(samples: int = 10) -> float:
+    """How long a device-wide synchronize plus an event record take on an idle device, with margin.
+
+    A trial whose wait for the whole device takes longer than this after its end event had work
+    running past the end of the caller's stream (another stream) or an unusually slow host wake-up;
+    either way its time is then taken to the idle device, the conservative reading.
+    """
+    import torch
+
+    gaps = []
+    for _ in range(samples):
+        start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        end.record()
+        torch.cuda.synchronize()
+        idle.record()
+        idle.synchronize()
+        gaps.append(start.elapsed_time(idle) - start.elapsed_time(end))
+    # From the median, not the maximum: one slow host wake-up must not widen the window in which work
+    # on another stream goes uncounted; a normal trial that exceeds it is only timed conservatively.
+    return 3.0 * statistics.median(gaps) + 0.005
+
+
+def _timed_cuda_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
+    """(outputs, ms to the end event on the current stream, ms to the idle device) of one call."""
+    import torch
+
+    start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    out = fn(*args)
+    end.record()
+    torch.cuda.synchronize()  # the whole device: work on other streams is waited for too
+    idle.record()
+    idle.synchronize()
+    return out, start.elapsed_time(end), start.elapsed_time(idle)
+
+
 def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, device: Any,
                  trials: int, warmup: int, keep: Sequence[int] = ()) -> TimedRun:
     """Time `fn` by the one timing protocol (EVALUATION.md, "Timing").
@@ -48,17 +93,25 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     - `warmup` untimed calls first (this is also where torch.compile compiles and where lazy kernel
       loading happens), cycling over the input sets.
     - Then `trials` timed calls. Before each, a buffer larger than the L2 cache (twice its size, at
-      least 128 MiB; 64 MiB on a CPU) is written, so no call finds its inputs or weights in cache.
+      least 128 MiB) is read on the device, so no call finds its inputs or weights in cache. It is
+      read, not written: a written buffer leaves the L2 full of dirty lines whose write-back would
+      then be charged to the timed call (Nsight Compute's cache control invalidates instead). The
+      flush is queued, not waited for, so the host-side cost of starting `fn` overlaps it, as it
+      overlaps the previous op's GPU work in a real model. On a CPU a 64 MiB buffer is written.
     - Input sets are cycled (trial i uses set i mod len): a candidate cannot return the result of
       the previous call, and each set's reference output is known to the caller.
-    - On CUDA: a start event is recorded on the current stream, `fn` is called, then
-      `torch.cuda.synchronize()` waits for the whole device (work on other streams counts) before
-      the end event is recorded; the time is the elapsed time between the events. On a CPU the same
-      structure is timed with `time.perf_counter`.
+    - On CUDA: a start event is recorded on the current stream, `fn` is called, an end event is
+      recorded on the current stream, then `torch.cuda.synchronize()` waits for the whole device
+      and an idle event is recorded. The trial's time is start -> end, unless the wait for the whole
+      device took longer than an idle device needs (`_sync_gap_limit_ms`, measured first): then work
+      outlasted the stream (another stream) and the time is start -> idle. The synchronize's own
+      latency (~10 us) is thus not charged to the call, while work on other streams still counts;
+      `past_stream` says how many trials ran past their stream. On a CPU the call is timed with
+      `time.perf_counter`.
     - The outputs of the trials listed in `keep` (chosen at random by the caller, after the
-      candidate was imported) are cloned after their end event and returned, to be compared with the
-      reference for that input set: a candidate that computes only on some calls, or caches results
-      across calls, fails there.
+      candidate was imported) are cloned after the device is idle and returned, to be compared with
+      the reference for that input set: a candidate that computes only on some calls, or caches
+      results across calls, fails there.
     - The caller summarises the times with `summarize` (median, mean, min, IQR).
     """
     import time
@@ -69,23 +122,24 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     keep_set = set(keep)
     run = TimedRun(times_ms=[])
     with torch.no_grad():
-        flush = torch.empty(flush_bytes(device) // 4, dtype=torch.int32, device=device)
+        flush = torch.zeros(flush_bytes(device) // 4, dtype=torch.int32, device=device)
         for i in range(warmup):
             fn(*input_sets[i % len(input_sets)])
         if cuda:
             torch.cuda.synchronize()
+            run.idle_limit_ms = _sync_gap_limit_ms()
         for i in range(trials):
             which = i % len(input_sets)
-            flush.fill_(i)
             if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = fn(*input_sets[which])
-                torch.cuda.synchronize()
-                end.record()
-                end.synchronize()
-                run.times_ms.append(start.elapsed_time(end))
+                flush.max()  # a read of 2x the L2 (see above); the scalar result is not needed
+                out, on_stream, to_idle = _timed_cuda_call(fn, input_sets[which])
+                past = to_idle - on_stream > run.idle_limit_ms
+                run.past_stream += past
+                run.stream_ms.append(on_stream)
+                run.idle_ms.append(to_idle)
+                run.times_ms.append(to_idle if past else on_stream)
             else:
+                flush.fill_(i)
                 began = time.perf_counter()
                 out = fn(*input_sets[which])
                 run.times_ms.append((time.perf_counter() - began) * 1e3)

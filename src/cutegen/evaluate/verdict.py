@@ -6,6 +6,7 @@ distilled compiler error, the exception and the candidate's line, or what killed
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cutegen.records import CheckResult, ErrorStats, TimingStats, Verdict
@@ -38,6 +39,11 @@ class VerdictBuilder:
         self.feedback = ""
         self.gpu_s = 0.0
         self.log_tail = ""
+        self.stage_s: list[tuple[str, float]] = []
+
+    def timed(self, step: str, started: float) -> None:
+        """Note the wall seconds of one step since `started` (a time.perf_counter() value)."""
+        self.stage_s.append((step, round(time.perf_counter() - started, 3)))
 
     def add(self, check: CheckResult) -> None:
         self.checks.append(check)
@@ -60,7 +66,7 @@ class VerdictBuilder:
         return Verdict(**self.base, passed=self.failure is None, stage=self.stage, failure=self.failure,
                        feedback=self.feedback, checks=tuple(self.checks),
                        gpu_s=round(self.gpu_s, 3) if self.gpu_s else None,
-                       log_tail=self.log_tail[-LOG_TAIL_CHARS:], **self.fields)
+                       log_tail=self.log_tail[-LOG_TAIL_CHARS:], stage_s=tuple(self.stage_s), **self.fields)
 
 
 def died_feedback(reason: str, detail: str, stage: str, timeout_s: float) -> str:
