@@ -1,10 +1,23 @@
 """Example candidate for examples/tasks/matmul.py: C = A @ B for row-major fp32 A (M,K) and B (K,N),
-fp32-accurate on tensor cores (3xTF32).
+on tensor cores with fp32-level accuracy as the goal (3xTF32).
 
 TF32 tensor cores keep only 10 explicit mantissa bits per operand: plain TF32 fails the fp32 track's
 1e-4 tolerance on large K. 3xTF32 splits each operand into big + small TF32 parts and sums three
-products per MMA step (small*big, big*small, big*big), recovering ~21 bits per product for three
-mma.sync instructions: on H100/H200 that is faster than SIMT FFMA (matmul_cute.py) and as accurate.
+products per MMA step (small*big, big*small, big*big; small*small, at most 2^-22 of the product and
+usually far less, is left out), so each product is accurate to about fp32 precision for three mma.sync
+instructions, which are meant to outrun SIMT FFMA (matmul_cute.py) on H100/H200.
+
+Where the accumulation happens matters as much as the split. The tensor core's accumulate step rounds
+toward zero (reported in the literature on error-corrected SGEMM emulation on tensor cores, e.g.
+Ootomo & Yokota 2022; assumed here to hold for Hopper's mma.sync too). Accumulating all of K inside
+the MMA accumulator applies that one-sided rounding to the running sum at every step: the errors
+share the sign of the running sum, so they add up coherently and the error grows faster with K than
+the round-to-nearest error of an fp32 sum. This kernel keeps the long sum out of the tensor core: per
+k-step of 8 and per MMA atom, the three MMAs accumulate into a zeroed 4-value temporary, and that
+partial sum is promoted into the fp32 accumulator with an ordinary fp32 add (round to nearest). The
+round-toward-zero errors that remain are relative to one k-step's partial sum and change sign with
+it, so they no longer grow with the running sum. The intent is an error comparable to an fp32 FFMA
+GEMM; the result is not bitwise equal to torch.matmul.
 
 Structure, per 128x128 tile of C (one CTA of 256 threads, two CTAs per SM):
 * A and B move from global to shared memory with 16-byte `cp.async` into a 3-stage ring of 128x32
@@ -14,7 +27,10 @@ Structure, per 128x128 tile of C (one CTA of 256 threads, two CTAs per SM):
 * Shared-memory layouts are swizzled (Swizzle<3,2,3> for K-major A, Swizzle<2,3,4> for N-major B) so
   that the MMA fragment reads are free of bank conflicts and the cp.async vectors stay contiguous.
 * A TiledMMA of SM80_16x8x8_F32TF32TF32F32_TN over 2x4 warps; each thread holds 64 fp32
-  accumulators. Fragments are read from shared memory as fp32 and split in registers.
+  accumulators. Per k-step, the B fragments of all 4 N atoms are read from shared memory and split
+  once, then each A atom in turn is read, split and multiplied against them: only one A atom's
+  big/small values are live at a time, which leaves registers for the temporaries under the
+  128-register budget of two CTAs per SM.
 * Grouped tile rasterization: consecutive CTAs share A rows and B columns through L2.
 """
 
@@ -54,10 +70,18 @@ using SmemLayoutB = decltype(composition(Swizzle<2, 3, 4>{},
     Layout<Shape<BlkN, BlkK, Int<kStages>>, Stride<_1, BlkN, Int<kBlkN * kBlkK>>>{}));
 constexpr int kSmemBytes = int(sizeof(float)) * (cosize_v<SmemLayoutA> + cosize_v<SmemLayoutB>);
 
-// x = big + small, both TF32 (a TF32 MMA ignores the low 13 mantissa bits of its fp32 registers):
-// big is x rounded to 11 significant bits, small = x - big exactly (fp32 subtraction of close
-// values), truncated by the MMA to its top 11 bits. big*big + big*small + small*big then carries
-// ~21 bits of each product: fp32-accurate to ~1e-6 relative, the small*small term lies below that.
+// x = big + small, both TF32 (a TF32 MMA ignores the low 13 mantissa bits of its fp32 registers).
+// * big: x rounded to nearest TF32 (add half a TF32 ulp to the bit pattern, then mask: round half
+//   away from zero; a carry into the exponent is still correct). Masked, it is an exact TF32 value,
+//   so small = x - big is exact in fp32 (close values). Rounding rather than truncating makes
+//   |small| <= half a TF32 ulp of x, and small's sign carries one more bit of x.
+// * small: has at most 12 significant bits, one more than TF32 keeps, and the MMA truncates that
+//   last bit. That bit is worth exactly half of small's TF32 ulp, so rounding small would always be a
+//   tie: it would only turn the error (0 or 1 fp32 ulp of x) from toward zero to away from zero, for
+//   one more instruction per value. So big + small is within one fp32 ulp of x (three ulps if big
+//   were truncated too).
+// cvt.rna.tf32.f32 compiles to this same add and mask plus an Inf/NaN test, which changes nothing
+// here (an Inf or NaN x makes small NaN either way).
 template <class Src, class Big, class Small>
 __device__ __forceinline__ void split_tf32(Src const& src, Big&& big, Small&& small) {  // &&: slices are temporaries
   CUTE_UNROLL
@@ -145,17 +169,23 @@ matmul_3xtf32_kernel(float const* __restrict__ a, float const* __restrict__ b, f
   ThrMMA thr_mma = mma.get_slice(threadIdx.x);
   Tensor tCsA = thr_mma.partition_A(sA);                                          // (MMA,MMA_M,MMA_K,PIPE) fp32 smem
   Tensor tCsB = thr_mma.partition_B(sB);                                          // (MMA,MMA_N,MMA_K,PIPE) fp32 smem
-  Tensor tCrA = thr_mma.partition_fragment_A(sA(_, _, 0));                        // (MMA,MMA_M,MMA_K) tf32 big
-  Tensor tCrB = thr_mma.partition_fragment_B(sB(_, _, 0));                        // (MMA,MMA_N,MMA_K) tf32 big
-  Tensor tCrA_small = make_fragment_like(tCrA);                                   // (MMA,MMA_M,MMA_K) tf32 small
-  Tensor tCrB_small = make_fragment_like(tCrB);                                   // (MMA,MMA_N,MMA_K) tf32 small
+  // Operand registers for one k-block only: B for every MMA_N atom (reused by all 4 A atoms), A for
+  // one MMA_M atom at a time. Fewer live values than splitting all of A up front.
+  Tensor tCrA_big = make_fragment_like<TF32>(tCsA(_, 0, 0, 0));                   // (MMA) tf32
+  Tensor tCrA_small = make_fragment_like<TF32>(tCsA(_, 0, 0, 0));                 // (MMA) tf32
+  Tensor tCrB_big = make_fragment_like<TF32>(tCsB(_, _, 0, 0));                   // (MMA,MMA_N) tf32
+  Tensor tCrB_small = make_fragment_like<TF32>(tCsB(_, _, 0, 0));                 // (MMA,MMA_N) tf32
   Tensor tCgC = thr_mma.partition_C(gC);                                          // (MMA,MMA_M,MMA_N)
   Tensor tCcC = thr_mma.partition_C(cC);                                          // (MMA,MMA_M,MMA_N)
   Tensor tCrC = thr_mma.make_fragment_C(tCgC);                                    // (MMA,MMA_M,MMA_N) fp32
+  // One atom's partial sum over one k-block, accumulated by the tensor core from zero.
+  Tensor tCrC_step = make_fragment_like(tCrC(_, 0, 0));                           // (MMA) fp32
   clear(tCrC);
 
   CUTE_STATIC_ASSERT_V(size(mma) == Int<kThreads>{});
   CUTE_STATIC_ASSERT_V(size(copyA) == Int<kThreads>{} && size(copyB) == Int<kThreads>{});
+  // The k-block loop walks A's MMA_M and B's MMA_N atoms with C's extents.
+  CUTE_STATIC_ASSERT_V(size<1>(tCsA) == size<1>(tCrC) && size<1>(tCsB) == size<2>(tCrC));
 
   int const k_tiles = size<2>(gA);
   // Prologue: tiles 0..kStages-2 in flight; a commit group is closed even when empty, so that
@@ -173,13 +203,26 @@ matmul_3xtf32_kernel(float const* __restrict__ a, float const* __restrict__ b, f
     cp_async_fence();
     int const stage = kt % kStages;
     CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tCrA); ++kb) {  // 4 k-blocks of 8
-      split_tf32(tCsA(_, _, kb, stage), tCrA(_, _, kb), tCrA_small(_, _, kb));
-      split_tf32(tCsB(_, _, kb, stage), tCrB(_, _, kb), tCrB_small(_, _, kb));
-      // Small terms first: they are added while the accumulator is still small.
-      gemm(mma, tCrA_small(_, _, kb), tCrB(_, _, kb), tCrC);
-      gemm(mma, tCrA(_, _, kb), tCrB_small(_, _, kb), tCrC);
-      gemm(mma, tCrA(_, _, kb), tCrB(_, _, kb), tCrC);
+    for (int kb = 0; kb < size<2>(tCsA); ++kb) {  // 4 k-blocks of 8
+      split_tf32(tCsB(_, _, kb, stage), tCrB_big, tCrB_small);                    // all MMA_N atoms of B
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<1>(tCrC); ++mi) {
+        split_tf32(tCsA(_, mi, kb, stage), tCrA_big, tCrA_small);                 // one MMA_M atom of A
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<2>(tCrC); ++ni) {
+          // The tensor core rounds its sums toward zero: give it only this k-block's 24 products,
+          // starting from zero, small terms first (they are summed while the partial sum is small).
+          clear(tCrC_step);
+          gemm(mma, tCrA_small, tCrB_big(_, ni), tCrC_step);                      // (MMA) x (MMA) => (MMA)
+          gemm(mma, tCrA_big, tCrB_small(_, ni), tCrC_step);
+          gemm(mma, tCrA_big, tCrB_big(_, ni), tCrC_step);
+          // The long sum over K: an ordinary fp32 add, which rounds to nearest (unbiased).
+          CUTE_UNROLL
+          for (int i = 0; i < size(tCrC_step); ++i) {
+            tCrC(i, mi, ni) += tCrC_step(i);
+          }
+        }
+      }
     }
   }
 
@@ -197,7 +240,7 @@ matmul_3xtf32_kernel(float const* __restrict__ a, float const* __restrict__ b, f
 
 }  // namespace matmul_3xtf32_impl
 
-// C = A @ B, fp32 in and out, A (M,K), B (K,N), C (M,N) row-major; fp32-accurate on tensor cores.
+// C = A @ B, fp32 in and out, A (M,K), B (K,N), C (M,N) row-major; 3xTF32 on tensor cores.
 extern "C" int matmul_3xtf32(float const* a, float const* b, float* c, int64_t m, int64_t n, int64_t k,
                              cudaStream_t stream) {
   using namespace matmul_3xtf32_impl;
