@@ -32,7 +32,7 @@ from cutegen.evaluate.checks_dynamic import (
 from cutegen.evaluate.compare import compare_outputs
 from cutegen.tasks import load_task, task_module
 
-from helpers import header
+from helpers import header, needs_nvcc, task_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = REPO / "tests" / "fixtures" / "cheats"
@@ -54,11 +54,6 @@ HONEST_CUTE = [p for p in sorted(HONEST.glob("*.py")) if header(p).get("backend"
 )
 
 
-def task_name(path: Path) -> str:
-    """The fixture's `# task:`; a shipped example is named after its task (swish_scale_cute.py)."""
-    return header(path).get("task") or path.stem.removesuffix("_cute")
-
-
 def _load(path: Path):
     spec = importlib.util.spec_from_file_location(f"candidate_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
@@ -69,7 +64,7 @@ def _load(path: Path):
 def setup(path: Path, device: str = "cpu", seed: int = 0):
     """(reference model, candidate model, inputs, task module) with matching weights, as the evaluator
     builds them: same init inputs, same seed before each constructor."""
-    task = task_module(load_task(REPO / "examples" / "tasks" / f"{task_name(path)}.py"))
+    task = task_module(load_task(task_path(path, REPO)))
     init = task.get_init_inputs()
     torch.manual_seed(seed)
     reference = task.Model(*init).to(device)
@@ -121,13 +116,29 @@ def test_honest_candidate_passes_every_dynamic_check(path):
 # ----------------------------------------------------------------------------- cheats: caught
 
 
+# What each op-audit fixture computes with, as the op audit names it.
+AUDITED_COMPUTE = {
+    "08_python_operators": ["aten.neg.default", "aten.pow.Scalar", "aten.add.Tensor", "aten.div.Tensor",
+                            "aten.mul.Tensor"],
+    "09_operator_module": ["aten.mm.default"],
+}
+
+
+def test_every_op_audit_fixture_has_its_expected_ops():
+    assert sorted(AUDITED_COMPUTE) == [p.stem for p in fixtures_caught_by("disallowed_ops")]
+
+
 @pytest.mark.parametrize("path", fixtures_caught_by("disallowed_ops"), ids=lambda p: p.stem)
 def test_op_audit_catches_compute_the_ast_cannot_see(path):
-    _, candidate, inputs, _ = setup(path)
+    """On CPU tensors forward skips its CuTe copy (it takes CUDA tensors only); the torch compute
+    before it is what the audit flags, and its answer is right, so on the GPU nothing before the op
+    audit (correctness, determinism) rejects the candidate."""
+    reference, candidate, inputs, _ = setup(path)
     with OpAudit() as audit:
-        candidate(*inputs)
-    assert disallowed_ops(audit.ops, "cute")
+        out = candidate(*clones(inputs))
+    assert disallowed_ops(audit.ops, "cute") == AUDITED_COMPUTE[path.stem]
     assert disallowed_ops(audit.ops, "torch") == []
+    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
 
 
 RUNNABLE_STATIC_COMPUTE = [
@@ -230,9 +241,18 @@ def test_inputs_mutated_compares_values_nan_and_metadata():
 
 @pytest.mark.parametrize("path", fixtures_caught_by("ghost_probe"), ids=lambda p: p.stem)
 def test_ghost_probe_catches(path):
-    reference, candidate, inputs, _ = setup(path)
+    """The ghost's answer is right on the task's inputs, the heavy-tailed ones included (so the
+    correctness trials pass it), and only the perturbed input shows it ignores its argument."""
+    from cutegen.evaluate.correctness import ADVERSARIAL_LADDER, make_inputs
+
+    reference, candidate, inputs, task = setup(path)
+    for seed, adversarial in ((11, None), (12, ADVERSARIAL_LADDER[0])):
+        drawn = make_inputs(task, seed, adversarial)
+        got, expected = candidate(*clones(drawn)), reference(*clones(drawn))
+        assert compare_outputs(got, expected, TOL, TOL).mismatched_elements == 0
     reason = ghost_probe(candidate, reference, inputs, tol=TOL)
     assert reason is not None and "does not depend on its inputs" in reason
+    assert ghost_probe(reference, reference, inputs, tol=TOL) is None  # the honest answer follows
 
 
 def test_ghost_probe_catches_an_ignored_second_input():
@@ -250,20 +270,24 @@ def test_ghost_probe_is_silent_when_the_reference_ignores_its_input():
 
 @pytest.mark.parametrize("path", fixtures_caught_by("global_state_changes"), ids=lambda p: p.stem)
 def test_global_state_changes_catches(path):
+    """The snapshot is taken before the candidate's module is imported, as the evaluator does: a
+    flag flipped at import shows up at the first comparison (after the build)."""
     matmul = torch.backends.cuda.matmul
     saved_allow = matmul.allow_tf32
     saved_precision = getattr(matmul, "fp32_precision", None)
-    _, candidate, inputs, _ = setup(path)
     before = snapshot_global_state()
     try:
-        candidate(*inputs)
+        reference, candidate, inputs, _ = setup(path)
         changes = global_state_changes(before, snapshot_global_state())
+        out = candidate(*clones(inputs))
     finally:
         matmul.allow_tf32 = saved_allow
         if saved_precision is not None:
             matmul.fp32_precision = saved_precision
     assert any("allow_tf32: False -> True" in c for c in changes), changes
     assert global_state_changes(before, snapshot_global_state()) == []
+    # on CPU tensors TF32 changes nothing, so only the snapshot can tell
+    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
 
 
 def test_global_state_changes_sees_replaced_functions():
@@ -282,14 +306,19 @@ def test_global_state_changes_sees_replaced_functions():
 
 @pytest.mark.parametrize("path", fixtures_caught_by("new_threads"), ids=lambda p: p.stem)
 def test_new_threads_catches(path):
-    _, candidate, inputs, _ = setup(path)
+    """The early calls' outputs are complete when forward returns (correctness cannot tell), and the
+    thread that wrote them is still alive after it."""
+    reference, candidate, inputs, _ = setup(path)
     before = thread_snapshot()
-    candidate(*inputs)
+    out = candidate(*clones(inputs))
     found = new_threads(before)
+    stats = compare_outputs(out, reference(*clones(inputs)), TOL, TOL)
     for thread in threading.enumerate():
         if thread.ident not in before:
-            thread.join(timeout=5)
+            thread.join(timeout=10)  # the fixture's worker ends after a few idle seconds
     assert found and "late-finisher" in found[0]
+    assert stats.mismatched_elements == 0
+    assert new_threads(before) == []
 
 
 @pytest.mark.parametrize("path", fixtures_caught_by("compare_outputs"), ids=lambda p: p.stem)
@@ -312,12 +341,45 @@ def test_cpu_only_fallbacks():
 
 
 def test_dispatch_evasion_hides_from_the_op_audit():
-    """Why the kernel audit exists: with the dispatch mode popped, the op audit sees no compute."""
+    """Why the kernel audit exists: with the dispatch mode popped, the op audit sees no compute,
+    although forward computed the right product with torch (aten.mm when the audit can see it)."""
+    import operator
+
     path = CHEATS / "37_dispatch_evasion.py"
-    _, candidate, inputs, _ = setup(path)
+    reference, candidate, inputs, _ = setup(path)
     with OpAudit() as audit:
-        candidate(*inputs)
-    assert disallowed_ops(audit.ops, "cute") == []
+        out = candidate(*inputs)
+    assert audit.ops == []
+    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
+    with OpAudit() as audit:
+        operator.matmul(*inputs)
+    assert audit.ops == ["aten.mm.default"]
+
+
+CUTE_DYNAMIC_CHEATS = [p for p in sorted(CHEATS.glob("[0-9][0-9]_*.py"))
+                       if header(p)["backend"] == "cute" and "CuteKernel(" in p.read_text()
+                       and header(p)["caught-by"] in ("disallowed_ops", "audit_kernels")]
+
+
+def test_the_cute_dynamic_cheats_are_found():
+    assert [p.name for p in CUTE_DYNAMIC_CHEATS] == ["08_python_operators.py", "09_operator_module.py",
+                                                      "37_dispatch_evasion.py"]
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+@pytest.mark.parametrize("path", CUTE_DYNAMIC_CHEATS, ids=lambda p: p.stem)
+def test_cute_dynamic_cheat_kernels_compile_for_sm90a(path, shared_build_cache):
+    """Their dynamic checks come after the build: a kernel that did not compile would stop them at
+    the build stage (compile-only, no GPU needed). The fixtures share one copy kernel, so one cache
+    builds it once."""
+    from cutegen.config import RuntimeConfig
+    from cutegen.runtime import find_kernels
+
+    kernels = find_kernels(_load(path))
+    assert [k.name for k in kernels] == ["tile_copy"]
+    result = kernels[0].build(RuntimeConfig(cache_dir=shared_build_cache, arch="sm_90a"))
+    assert result.library_path.is_file() and result.arch == "sm_90a"
 
 
 @pytest.mark.parametrize(
@@ -333,6 +395,17 @@ def test_dispatch_evasion_hides_from_the_op_audit():
         ("triton_poi_fused_mul_sigmoid_0", "library"),
         ("void swish_scale_kernel<1024, 4>(float const*, float*, int, float)", "own"),
         ("void gemm_device<cute::Layout<cute::tuple<int, int>>>(float*)", "own"),
+        # The profiler's name of examples/candidates/gemm_bf16_wgmma.py's kernel on the H200 (cut short):
+        # CuTe's SM90 TMA and GMMA types in its template arguments are not vendor kernels.
+        ("void gemm_bf16_impl::gemm_bf16_kernel<gemm_bf16_impl::Config<(cute::SM90::GMMA::Major)1>, 0, "
+         "cute::Copy_Atom<cute::Copy_Traits<cute::SM90_TMA_LOAD, cute::C<131072>, cute::AuxTmaParams<cute::tuple<"
+         "cute::ScaledBasis<cute::C<1>, 1>, cute::ScaledBasis<cute::C<1>, 0> >, cute::Layout<cute::tuple<cute::C<64>,"
+         " cute::C<128> >, cute::tuple<cute::ScaledBasis<cute::C<1>, 1>, cute::ScaledBasis<cute::C<1>, 0> > > const&,"
+         " cute::Swizzle<3, 4, 3> const&> >, cutlass::bfloat16_t> >(cutlass::bfloat16_t*, int, int, int)", "own"),
+        ("void mine::k<cutlass::arch::Sm90, cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>>(float*)", "own"),
+        ("void cutlass::device_kernel<cutlass3x_sm90_tensorop_gemm_bf16_128x256x64_warpspecialized>(Params)",
+         "library"),
+        ("void c10::cuda::detail::some_kernel<float>(float*)", "library"),
     ],
 )
 def test_kernel_names_are_classified(name, kind):
@@ -359,15 +432,41 @@ def test_memory_churn_exposes_stale_reference_output(path):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("path", fixtures_caught_by("audit_kernels", cuda=True), ids=lambda p: p.stem)
-def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path):
-    _, candidate, inputs, _ = setup(path, device="cuda")
-    with OpAudit() as audit:
-        candidate(*inputs)
+def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path, shared_build_cache):
+    from cutegen.config import RuntimeConfig
+    from cutegen.runtime import use_config
+
+    reference, candidate, inputs, _ = setup(path, device="cuda")
+    with use_config(RuntimeConfig(cache_dir=shared_build_cache)):
+        out = candidate(*clones(inputs))  # the first call builds the copy kernel
+        with OpAudit() as audit:
+            candidate(*inputs)
+        result = audit_kernels(candidate, inputs)
+    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
     assert disallowed_ops(audit.ops, "cute") == []  # the evasion works on the op audit...
-    result = audit_kernels(candidate, inputs)
     assert result["skipped"] is None
     assert result["library_kernels"], result  # ...but not on the profiler
-    assert result["own_kernels"] == [], result
+    assert any("tile_copy" in k for k in result["own_kernels"]), result  # its own kernel ran too
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", fixtures_caught_by("disallowed_ops"), ids=lambda p: p.stem)
+def test_op_audit_catches_compute_next_to_an_own_cute_kernel_on_cuda(path, shared_build_cache):
+    """On CUDA tensors the fixture launches its CuTe copy; the op audit still names the torch
+    compute before it, and the answer is right."""
+    from cutegen.config import RuntimeConfig
+    from cutegen.runtime import use_config
+
+    reference, candidate, inputs, _ = setup(path, device="cuda")
+    with use_config(RuntimeConfig(cache_dir=shared_build_cache)):
+        out = candidate(*clones(inputs))  # the first call builds the copy kernel
+        with OpAudit() as audit:
+            candidate(*inputs)
+        kernels = audit_kernels(candidate, inputs)
+    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
+    assert disallowed_ops(audit.ops, "cute") == AUDITED_COMPUTE[path.stem]
+    assert any("tile_copy" in k for k in kernels["own_kernels"]), kernels
 
 
 @gpu

@@ -6,6 +6,7 @@ Fixtures live in tests/fixtures/cheats/NN_<name>.py; each starts with a header:
     # exploit: what the candidate does to fake a result or a speedup
     # caught-by: the name of the check function that must catch it
     # task: the example task it targets (examples/tasks/<task>.py)
+    # task-file: only for a task that is not an example: its repo-relative path (tests/fixtures/tasks/)
     # backend: cute | torch (the backend the candidate is judged under)
     # needs: cuda (only when running it needs a GPU)
 
@@ -24,7 +25,7 @@ from cutegen.errors import ConfigError
 from cutegen.evaluate import checks_dynamic, checks_static, compare
 from cutegen.evaluate.checks_static import BACKENDS, STATIC_CHECKS, run_static_checks
 
-from helpers import header
+from helpers import header, task_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
@@ -37,6 +38,7 @@ DYNAMIC_NAMES = {
 }
 
 STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
+DYNAMIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in DYNAMIC_NAMES]
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -55,7 +57,10 @@ def test_cheat_header_is_complete(path):
     fields = header(path)
     assert fields.get("exploit"), "every cheat says what it exploits"
     assert fields.get("backend") in BACKENDS
-    assert (REPO / "examples" / "tasks" / f"{fields.get('task')}.py").is_file()
+    assert fields.get("task")
+    task_file = task_path(path, REPO)
+    assert task_file.is_file(), task_file
+    assert task_file.stem == fields["task"]  # the bench resolves `task-file` when present, else `task`
     caught_by = fields.get("caught-by")
     modules = (checks_static, checks_dynamic, compare)
     assert caught_by in STATIC_NAMES | DYNAMIC_NAMES
@@ -86,6 +91,54 @@ def test_static_cheat_is_caught_by_its_check(path):
     direct = getattr(checks_static, fields["caught-by"])(ast.parse(source))
     assert direct and all(f.check == fields["caught-by"] for f in direct)
     assert all(f.line is None or f.line >= 1 for f in direct)
+
+
+@pytest.mark.parametrize("path", DYNAMIC_CHEATS, ids=_ids(DYNAMIC_CHEATS))
+def test_dynamic_cheat_gets_past_every_static_check(path):
+    """A fixture for a dynamic check must reach it: no static check of its backend may fire first
+    (the evaluator stops at the first failing stage), else the dynamic check goes unproven."""
+    fields = header(path)
+    assert run_static_checks(path.read_text(), backend=fields["backend"]) == ()
+
+
+# Each of these fixtures gets past a static check by one indirection; written directly, the same
+# exploit is caught by that check. This pins where the static analysis stops and the dynamic check
+# has to take over (and fails when the static check learns the indirection: rework the fixture then).
+INDIRECTIONS = [
+    ("32_allow_tf32.py", "torch._C._set_cublas_allow_tf32(True)",
+     "torch.backends.cuda.matmul.allow_tf32 = True", "check_no_patching"),
+    ("33_late_thread.py", "_Thread = queue.threading.Thread",
+     "import threading\n_Thread = threading.Thread", "check_no_concurrency"),
+    ("37_dispatch_evasion.py", 'sys.modules.get("torch.utils._python_dispatch")',
+     'sys.modules["torch.utils._python_dispatch"]', "check_no_patching"),
+]
+
+
+@pytest.mark.parametrize("name, hidden, direct, check", INDIRECTIONS, ids=[i[0] for i in INDIRECTIONS])
+def test_dynamic_cheat_written_directly_is_caught_statically(name, hidden, direct, check):
+    path = REPO / "tests" / "fixtures" / "cheats" / name
+    source = path.read_text()
+    assert source.count(hidden) == 1
+    backend = header(path)["backend"]
+    assert run_static_checks(source, backend=backend) == ()
+    findings = run_static_checks(source.replace(hidden, direct), backend=backend)
+    assert {f.check for f in findings} == {check}, findings
+
+
+CUTE_DYNAMIC_CHEATS = [p for p in DYNAMIC_CHEATS if header(p)["backend"] == "cute"]
+
+
+@pytest.mark.parametrize("path", CUTE_DYNAMIC_CHEATS, ids=_ids(CUTE_DYNAMIC_CHEATS))
+def test_cute_dynamic_cheat_carries_a_real_cute_kernel(path):
+    """Under the cute backend check_uses_cute comes first: these fixtures carry a kernel written on
+    CuTe tensors; without its source the same candidate is rejected by that check alone."""
+    tree = ast.parse(path.read_text())
+    assert checks_static.check_uses_cute(tree) == []
+    for node in ast.walk(tree):  # drop every string holding kernel source
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
+            node.value = ""
+    stripped = ast.unparse(tree)
+    assert {f.check for f in run_static_checks(stripped, backend="cute")} == {"check_uses_cute"}
 
 
 @pytest.mark.parametrize("path", HONEST, ids=_ids(HONEST))

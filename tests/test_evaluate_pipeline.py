@@ -17,6 +17,8 @@ from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.worker import WorkerPool
 from cutegen.tasks import load_task
 
+from helpers import header, task_path
+
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "examples" / "tasks"
 HONEST = REPO / "tests" / "fixtures" / "honest"
@@ -147,6 +149,32 @@ def test_weights_differing_from_the_reference_construction_fail(tmp_path, pool, 
 def test_mutating_an_input_fails(tmp_path, pool, config):
     verdict = evaluate_candidate(write(tmp_path, "m", IN_PLACE), task("swish_scale"), config, pool=pool)
     assert verdict.failure == "inputs_mutated", verdict.feedback
+
+
+CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
+CPU_CHEATS = [p for p in CHEATS if header(p)["backend"] == "torch" and header(p).get("needs") != "cuda"]
+
+
+def test_the_cpu_runnable_cheats_include_each_cpu_dynamic_check():
+    named = {header(p)["caught-by"] for p in CPU_CHEATS}
+    assert {"check_output_types", "inputs_mutated", "check_nonfinite", "ghost_probe",
+            "global_state_changes", "new_threads", "compare_outputs"} <= named
+
+
+@pytest.mark.parametrize("path", CPU_CHEATS, ids=lambda p: p.stem)
+def test_cheat_is_rejected_by_its_named_check_through_the_whole_pipeline(path, pool, config):
+    """The acceptance criterion on CPU: evaluate_candidate rejects each torch-backend cheat with the
+    check its header names, not an earlier one (each stage stops the pipeline when it fails). Two
+    clean trials and one heavy-tailed, quicker than the default and enough for every fixture: with
+    two weight seeds the heavy-tailed trial is a model's second call (what the cached-output ones
+    get wrong), and its heavy tails are what the NaN one overflows on."""
+    fields = header(path)
+    quick = replace(config, correctness_trials=2, adversarial_trials=1, weight_seeds=2)
+    verdict = evaluate_candidate(path, load_task(task_path(path, REPO)), quick, pool=pool)
+    assert not verdict.passed
+    assert verdict.failure == fields["caught-by"], verdict.feedback
+    failed = [c for c in verdict.checks if not c.passed]
+    assert failed and {c.name for c in failed} == {fields["caught-by"]}, failed
 
 
 def test_static_failure_stops_before_any_worker(tmp_path, config):
