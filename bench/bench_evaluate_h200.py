@@ -62,7 +62,7 @@ def environment(work: Path) -> dict[str, str]:
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["CUTEGEN_CACHE"] = str(work / "cache")
+    env["CUTEGEN_CACHE"] = os.environ.get("CUTEGEN_BENCH_CACHE") or str(work / "cache")  # h200_all.sh shares one
     env["TORCH_EXTENSIONS_DIR"] = str(work / "torch_extensions")
     env["PYTHONUNBUFFERED"] = "1"
     env["COLUMNS"] = "160"

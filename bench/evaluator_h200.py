@@ -11,10 +11,11 @@ Sections (each bounded; results are written after every section, so a run cut sh
   against eager and torch.compile).
 - faults: tests/fixtures/faults/*.py for CUDA (kernel that never ends, illegal address, host segfault,
   device OOM, build that hangs): the failure named, and the next evaluation (in a fresh worker) passes.
-- fidelity: examples/candidates/swish_scale_cute.py on a 16384x4096 input, evaluated 5 times: spread
-  of the medians; with ncu, the kernel's gpu__time_duration against the event-timed median.
+- fidelity: examples/candidates/swish_scale_cute.py on 16384x4096 and 65536x4096 inputs, timed 5 times
+  in one process by the evaluator's protocol function: spread of the medians; with ncu, the kernel's
+  gpu__time_duration against the event-timed median.
 - throughput: 16 distinct small CuTe candidates, built in parallel (CPU workers), then evaluated one
-  after the other with timing: evaluations per GPU-minute.
+  after the other with timing: evaluations per GPU-minute, and the median seconds of each step.
 Writes DIR/evaluator-h200.json and DIR/evaluator-h200.md with the machine manifest.
 """
 
@@ -88,7 +89,8 @@ def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | No
     info = headers(path)
     started = time.perf_counter()
     backend = info.get("backend", "cute")
-    task = task_for(info.get("task") or path.stem.removesuffix("_cute"))
+    task = (load_task(REPO / info["task-file"]) if "task-file" in info  # a fixture task (tests/fixtures/tasks/)
+            else task_for(info.get("task") or path.stem.removesuffix("_cute")))
     try:
         verdict = evaluate_candidate(path, task, replace(config, backend=backend), pool=pool)
     except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
@@ -127,50 +129,52 @@ def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
 
 
-LARGE_SWISH = """\"\"\"swish_scale on a large input (timing fidelity).\"\"\"
-
+# Timing fidelity: one process builds the candidate once, then times it with the evaluator's protocol
+# function (cutegen.evaluate.timing.time_forward) REPS times; a second process runs the same forward
+# under Nsight Compute. Both on fresh randn inputs of ROWS x 4096 float32.
+FIDELITY_DRIVER = r"""
+import importlib.util, json, statistics, sys
+from pathlib import Path
 import torch
-import torch.nn as nn
+from cutegen.config import RuntimeConfig
+from cutegen.evaluate.timing import time_forward
+from cutegen.runtime import find_kernels
 
-
-class Model(nn.Module):
-    def __init__(self, scale: float):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(x) * self.scale
-
-
-def get_inputs():
-    return [torch.randn(16384, 4096)]
-
-
-def get_init_inputs():
-    return [1.5]
-"""
-
-NCU_DRIVER = """
-import importlib.util, sys, torch
-spec = importlib.util.spec_from_file_location("candidate", sys.argv[1])
-module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+candidate, cache, rows, reps, mode = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+spec = importlib.util.spec_from_file_location("candidate", candidate)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+for kernel in find_kernels(module):
+    kernel.build(RuntimeConfig(cache_dir=cache))
 model = module.ModelNew(1.5)
-x = torch.randn(16384, 4096, device="cuda")
-for _ in range(5):
-    model(x)
-torch.cuda.synchronize()
+sets = [[torch.randn(rows, 4096, device="cuda")] for _ in range(3)]
+if mode == "ncu":
+    for _ in range(5):
+        model(*sets[0])
+    torch.cuda.synchronize()
+    sys.exit(0)
+runs = [time_forward(model, sets, device=torch.device("cuda"), trials=100, warmup=10) for _ in range(reps)]
+print("RESULT " + json.dumps({
+    "medians_ms": [statistics.median(r.times_ms) for r in runs],
+    "stream_medians_ms": [statistics.median(r.stream_ms) for r in runs],
+    "idle_medians_ms": [statistics.median(r.idle_ms) for r in runs],
+    "past_stream": [r.past_stream for r in runs], "idle_limit_ms": [r.idle_limit_ms for r in runs]}))
 """
+FIDELITY_ROWS = (16384, 65536)  # 0.27 and 1.07 GB per tensor: about 0.13 and 0.53 ms of DRAM traffic
 
 
-def ncu_kernel_ms(workdir: Path, env: dict[str, str]) -> dict[str, Any] | None:
-    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
+def _ncu_path() -> str | None:
+    return shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
+
+
+def ncu_kernel_ms(driver: Path, args: list[str], env: dict[str, str]) -> dict[str, Any] | None:
+    """Median gpu__time_duration of the candidate's kernel over the driver's 5 launches."""
+    ncu = _ncu_path()
     if ncu is None:
         return None
-    driver = workdir / "ncu_driver.py"
-    driver.write_text(NCU_DRIVER)
     cmd = [ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv",
-           sys.executable, str(driver), str(SWISH_CUTE)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=workdir)
+           sys.executable, str(driver), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=driver.parent)
     values = []
     for line in done.stdout.splitlines():
         cells = [c.strip('"') for c in line.split('","')]
@@ -182,34 +186,50 @@ def ncu_kernel_ms(workdir: Path, env: dict[str, str]) -> dict[str, Any] | None:
     return {"kernel_ms_median": statistics.median(values), "launches": len(values)}
 
 
-def section_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="cutegen-fidelity-"))
-    task_path = workdir / "swish_scale_large.py"
-    task_path.write_text(LARGE_SWISH)
-    task = load_task(task_path)
-    # One trial each: the host-side float64 comparisons of a 64M-element output dominate otherwise.
-    config = replace(ctx["config"], compile_baseline=False, correctness_trials=1, adversarial_trials=0,
-                     weight_seeds=1)
-    medians, verdicts = [], []
-    for _ in range(5):
-        verdict = evaluate_candidate(SWISH_CUTE, task, config, pool=ctx["pool"])
-        verdicts.append({"passed": verdict.passed, "failure": verdict.failure, "feedback": verdict.feedback[:300]})
-        if verdict.timing is not None:
-            medians.append(verdict.timing.median_ms)
-    result: dict[str, Any] = {"medians_ms": medians, "verdicts": verdicts}
-    if medians:
-        result["spread_pct"] = (max(medians) - min(medians)) / min(medians) * 100
-        result["median_ms"] = statistics.median(medians)
-        result["bytes_per_s_tb"] = 2 * 16384 * 4096 * 4 / (result["median_ms"] * 1e-3) / 1e12
-        result["sol_fraction"] = verdict.sol_fraction
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+def fidelity_case(driver: Path, cache: Path, rows: int, env: dict[str, str]) -> dict[str, Any]:
+    args = [str(SWISH_CUTE), str(cache), str(rows)]
+    done = subprocess.run([sys.executable, str(driver), *args, "5", "time"], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=driver.parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        return {"rows": rows, "error": (done.stdout[-1500:] + done.stderr[-1500:])}
+    result: dict[str, Any] = {"rows": rows, **json.loads(lines[-1][len("RESULT "):])}
+    medians = result["medians_ms"]
+    result["spread_pct"] = (max(medians) - min(medians)) / min(medians) * 100
+    result["median_ms"] = statistics.median(medians)
+    result["bytes_per_s_tb"] = 2 * rows * 4096 * 4 / (result["median_ms"] * 1e-3) / 1e12
     try:
-        result["ncu"] = ncu_kernel_ms(workdir, env)
+        result["ncu"] = ncu_kernel_ms(driver, [*args, "1", "ncu"], env)
     except Exception as err:  # noqa: BLE001
         result["ncu"] = {"error": f"{type(err).__name__}: {err}"}
-    if medians and result["ncu"] and "kernel_ms_median" in result["ncu"]:
-        result["event_over_ncu"] = result["median_ms"] / result["ncu"]["kernel_ms_median"]
+    if result["ncu"] and "kernel_ms_median" in result["ncu"]:
+        kernel_ms = result["ncu"]["kernel_ms_median"]
+        result["event_over_ncu"] = result["median_ms"] / kernel_ms
+        result["to_idle_over_ncu"] = statistics.median(result["idle_medians_ms"]) / kernel_ms
     return result
+
+
+def section_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Goal: medians of 5 timings in one run within 2%; event-timed median within 5% of ncu's kernel
+    duration. "to idle" is start -> device idle after the device-wide synchronize (what the protocol
+    reported before it took the end event on the stream when nothing outlasts it)."""
+    workdir = Path(tempfile.mkdtemp(prefix="cutegen-fidelity-"))
+    driver = workdir / "fidelity_driver.py"
+    driver.write_text(FIDELITY_DRIVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    cases = [fidelity_case(driver, ctx["config"].runtime.cache_dir, rows, env) for rows in FIDELITY_ROWS]
+    return {"cases": cases,
+            "spread_ok": all(c.get("spread_pct", 100) <= 2.0 for c in cases),
+            "ncu_within_5pct": [abs(c.get("event_over_ncu", 9) - 1) <= 0.05 for c in cases]}
+
+
+def stage_medians(verdicts: list[Any]) -> dict[str, float]:
+    """Median wall seconds of each evaluation step (Verdict.stage_s) over the verdicts."""
+    steps: dict[str, list[float]] = {}
+    for verdict in verdicts:
+        for step, seconds in verdict.stage_s:
+            steps.setdefault(step, []).append(seconds)
+    return {step: round(statistics.median(values), 3) for step, values in steps.items()}
 
 
 def section_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +255,7 @@ def section_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
             "eval_wall_s": eval_wall, "passed": sum(v.passed for v in verdicts),
             "evaluations_per_gpu_minute": len(paths) / (eval_wall / 60.0),
             "gpu_s_median": statistics.median(v.gpu_s or 0.0 for v in verdicts),
+            "stage_s_median": stage_medians(verdicts),
             "cached_builds_in_eval": sum("cached" in c.detail for v in verdicts for c in v.checks if c.name == "build")}
 
 

@@ -4,10 +4,12 @@
 #
 #   bash bench/h200_all.sh STEP [STEP ...]
 #
-# Steps (own limit in seconds): runtime (120), evaluator (420), probe (420), agent (240), profile (300),
-# bench_evaluate (480), knowledge (420), gpu_tests (420). A device call may run 10 minutes, so the
+# Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (420), probe (420), agent (240),
+# profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420). `prebuild` builds every shipped
+# CuTe kernel in parallel into the call's shared cache, so later steps find them built; name it first. A device call may run 10 minutes, so the
 # steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
 # what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
+# EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/).
 # Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe`, a
 # KernelBench copy in .kernelbench/. Writes $OUT/h200-results.tgz (one folder per step: the step's
 # files plus stdout.txt) and $OUT/summary.txt (exit status and seconds of each step).
@@ -18,17 +20,21 @@ mkdir -p "$OUT_DIR"
 WORK=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# One cache root for every step of the call: builds and baselines measured by one step serve the next.
+CACHE=${CUTEGEN_BENCH_CACHE:-$WORK/cache}
+export CUTEGEN_BENCH_CACHE=$CACHE CUTEGEN_TEST_BUILD_CACHE=$CACHE/build
 
 step_command() {  # step, output folder -> the command line (and its limit in seconds, first word)
   case "$1" in
+    prebuild)       echo "150 python3 bench/prebuild.py --cache $CACHE" ;;
     runtime)        echo "120 python3 bench/runtime_build.py --out $2" ;;
-    evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2" ;;
+    evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput}" ;;
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
-    profile)        echo "300 python3 bench/profile_h200.py --out $2" ;;
-    bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s 460" ;;
-    knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2" ;;
-    gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml" ;;
+    profile)        echo "300 python3 bench/profile_h200.py --out $2 --cache $CACHE ${PROFILE_ARGS:-}" ;;
+    bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 ))" ;;
+    knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
+    gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac
 }
@@ -47,10 +53,17 @@ for step in "$@"; do
   left=$(( TOTAL_S - (start - began) ))
   if [ "$left" -lt 30 ]; then echo "$step skipped: ${left}s left" | tee -a "$WORK/summary.txt"; continue; fi
   [ "$left" -lt "$limit" ] && limit=$left
+  [ -n "${STEP_LIMITS:-}" ] && for pair in $STEP_LIMITS; do  # e.g. STEP_LIMITS="knowledge=190 profile=120"
+    [ "${pair%%=*}" = "$step" ] && [ "${pair#*=}" -lt "$limit" ] && limit=${pair#*=}
+  done
+  line=$(STEP_S=$limit step_command "$step" "$WORK/$step")  # a step may size its own budget by STEP_S
   # shellcheck disable=SC2086 # the command line is split on purpose
   timeout -k 10 "$limit" ${line#* } > "$WORK/$step/stdout.txt" 2>&1
   rc=$?
   echo "$step rc=$rc $(( $(date +%s) - start ))s" | tee -a "$WORK/summary.txt"
 done
-tar czf "$OUT_DIR/h200-results.tgz" -C "$WORK" .
+tar czf "$OUT_DIR/h200-results.tgz" -C "$WORK" --exclude=./cache .
 cp "$WORK/summary.txt" "$OUT_DIR/summary.txt"
+# The end of each step's output, for the reply of the device call.
+for f in "$WORK"/*/stdout.txt; do echo "== $f"; tail -n "${TAIL_LINES:-12}" "$f" | cut -c1-300; done
+cat "$WORK/summary.txt"
