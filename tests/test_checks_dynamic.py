@@ -321,7 +321,15 @@ def test_new_threads_catches(path):
     assert new_threads(before) == []
 
 
-@pytest.mark.parametrize("path", fixtures_caught_by("compare_outputs"), ids=lambda p: p.stem)
+# The compare_outputs fixtures that are right on their first call (the others are wrong from the start).
+STALE_RESULT_CHEATS = [CHEATS / "35_cached_results.py", CHEATS / "36_first_call_only.py"]
+
+
+def test_the_stale_result_cheats_are_compare_outputs_fixtures():
+    assert set(STALE_RESULT_CHEATS) <= set(fixtures_caught_by("compare_outputs"))
+
+
+@pytest.mark.parametrize("path", STALE_RESULT_CHEATS, ids=lambda p: p.stem)
 def test_timed_call_validation_catches_stale_results(path):
     """Right on the first (correctness) call; wrong on a later call with fresh inputs, which is what
     checking randomly chosen timed calls against the reference catches."""
@@ -331,6 +339,20 @@ def test_timed_call_validation_catches_stale_results(path):
     later = fresh_inputs(task, seed=1234)
     stats = compare_outputs(candidate(*clones(later)), reference(*clones(later)), TOL, TOL)
     assert stats.mismatched_elements > 0
+
+
+def test_lower_precision_inside_a_candidate_is_not_forgiven_as_the_references_rounding():
+    """The float64-aware comparison forgives the reference's own rounding error; a candidate rounding
+    its operands to TF32 is still wrong on most elements."""
+    from cutegen.evaluate.correctness import exact_delta, exact_model
+
+    reference, candidate, inputs, _ = setup(CHEATS / "39_tf32_inside.py")
+    with torch.no_grad():
+        ref = reference(*clones(inputs))
+        delta, note = exact_delta(exact_model(reference), clones(inputs), ref, torch.device("cpu"))
+        stats = compare_outputs(candidate(*clones(inputs)), ref, TOL, TOL, ref_delta=delta)
+    assert note is None and delta is not None
+    assert stats.mismatched_elements > stats.total_elements // 2
 
 
 def test_cpu_only_fallbacks():

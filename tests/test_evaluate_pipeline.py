@@ -60,6 +60,17 @@ def test_honest_torch_candidates_pass(name, pool, config):
             "trivial_solution_probe"} <= names
 
 
+def test_a_candidate_closer_to_the_exact_result_than_the_reference_passes(pool, config):
+    """The exactly rounded GEMM differs from PyTorch's fp32 result by more than 1e-4 at elements where
+    the heavy-tailed trial's sums cancel (measured: 2-4 of 196608 per run); judged against the
+    reference's float64 result it is the closer one, and the evaluator accepts it."""
+    verdict = evaluate_candidate(HONEST / "matmul_exact_rounding.py", task("matmul"), config, pool=pool)
+    assert verdict.passed, verdict.feedback
+    assert verdict.errors.mismatched_elements == 0
+    assert {c.name: c.detail for c in verdict.checks}["float64_reference"] == \
+        "every trial's reference has its float64 result"
+
+
 OFF_BY_HALF = """
     import torch
     import torch.nn as nn

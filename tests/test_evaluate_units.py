@@ -194,3 +194,58 @@ def test_work_past_the_stream_fails_only_when_most_timed_calls_show_it():
     with pytest.raises(Stop):
         _judge_streams(run, past_stream=51, trials=100, limit_ms=0.02)
     assert run.failure == "work_past_stream" and "another stream" in run.feedback
+
+
+def test_comparison_forgives_only_the_references_own_rounding_error():
+    import torch
+
+    from cutegen.evaluate.compare import compare_outputs, first_mismatches
+
+    ref = torch.tensor([1.0, 0.0, 2.0])
+    delta = torch.tensor([0.0, 3e-4, 0.0])  # the float64 result is 3e-4 away from ref[1]: a cancelling sum
+    exact = torch.tensor([1.0, 3e-4, 2.0])
+    assert compare_outputs(exact, ref, 1e-4, 1e-4).mismatched_elements == 1  # the plain rule alone
+    stats = compare_outputs(exact, ref, 1e-4, 1e-4, ref_delta=delta)
+    assert (stats.mismatched_elements, stats.within_reference_error) == (0, 1)
+    assert stats.max_abs_error == pytest.approx(3e-4, rel=1e-3)  # still reported against the reference
+    # Farther from the float64 result than the reference is (plus the tolerance): still wrong.
+    other_side = torch.tensor([1.0, -3e-4, 2.0])
+    assert compare_outputs(other_side, ref, 1e-4, 1e-4, ref_delta=delta).mismatched_elements == 1
+    # Where the reference is accurate the rule is unchanged: a TF32-sized error fails.
+    sloppy = torch.tensor([1.0 + 1e-3, 3e-4, 2.0])
+    assert compare_outputs(sloppy, ref, 1e-4, 1e-4, ref_delta=delta).mismatched_elements == 1
+    assert first_mismatches(sloppy, ref, 1e-4, 1e-4, ref_delta=delta) == ("output[0] at (0,): got 1.001, expected 1",)
+    # A delta of the wrong structure is ignored rather than trusted.
+    assert compare_outputs(exact, ref, 1e-4, 1e-4, ref_delta=(delta, delta)).mismatched_elements == 1
+
+
+def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 64)
+    x = torch.randn(32, 256)
+    with torch.no_grad():
+        ref = linear(x)
+        exact64 = linear.double()(x.double())
+    linear.float()
+    delta, note = correctness.exact_delta(correctness.exact_model(linear), [x], ref, torch.device("cpu"))
+    assert note is None and delta.dtype == torch.float32
+    assert torch.allclose(delta.double(), exact64 - ref.double(), atol=1e-12, rtol=1e-6)
+    assert 0 < float(delta.abs().max()) < 1e-4  # fp32 rounding, not a different function
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return x + torch.randn_like(x)  # a different result on every call, in any dtype
+
+    noisy = Noisy()
+    delta, note = correctness.exact_delta(correctness.exact_model(noisy), [x], noisy(x), torch.device("cpu"))
+    assert delta is None and "disagrees" in note
+
+    class Argmax(nn.Module):
+        def forward(self, x):
+            return x.argmax(dim=-1)
+
+    delta, note = correctness.exact_delta(correctness.exact_model(Argmax()), [x], x.argmax(dim=-1), torch.device("cpu"))
+    assert delta is None and "structure" in note

@@ -128,6 +128,9 @@ class ErrorStats:
     total_elements: int
     atol: float
     rtol: float
+    # Elements outside atol + rtol * |ref| that were accepted because they are no farther from the
+    # float64 result than the reference itself is, plus that tolerance (compare.compare_outputs).
+    within_reference_error: int = 0
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ class Trial:
     reference: Any = None
     ref_mutates: list[int] = field(default_factory=list)
     note: str | None = None  # why an adversarial trial was made milder or skipped
+    exact_delta: Any = None  # float64 result minus the reference (`exact_delta`), or None
 
 
 def run_reference(model: Any, trial_inputs: list[Any], device: Any) -> tuple[Any, list[int]]:
@@ -153,6 +154,59 @@ def all_finite(value: Any) -> bool:
     import torch
 
     return all(bool(torch.isfinite(t).all()) for t in tensors_of(value) if t.is_floating_point())
+
+
+# The float64 run must agree with the reference this closely (relative L2) to be trusted as its exact
+# value: a task that draws random numbers in forward, or whose meaning changes with the dtype, fails it.
+EXACT_AGREEMENT = 1e-2
+
+
+def exact_model(model: Any) -> Any | None:
+    """A float64 copy of the reference model (None when it cannot be made): the same weights, so the
+    same function evaluated with far less rounding."""
+    try:
+        return copy.deepcopy(model).double()
+    except Exception:  # noqa: BLE001 - a module that cannot be copied or cast just gets no float64 run
+        return None
+
+
+def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: Any) -> tuple[Any, str | None]:
+    """(float64 result minus the reference per output leaf, or None; why not, or None).
+
+    The inputs' floating tensors are cast to float64 for a run of `model64` (from `exact_model`).
+    The difference is kept in float32 (float64 for a float64 reference): it only widens the tolerance
+    where the reference is itself inaccurate (compare.compare_outputs). It is dropped when any leaf is
+    not a floating tensor of the reference's shape, or when the float64 result differs from the
+    reference by more than EXACT_AGREEMENT (relative L2), which rounding alone never does.
+    """
+    import torch
+
+    if model64 is None or reference is None:
+        return None, "no float64 copy of the reference model"
+    args = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            for t in to_device(trial_inputs, device)]
+    try:
+        with torch.no_grad():
+            exact = to_device(model64(*args), "cpu")
+    except Exception as err:  # noqa: BLE001 - an op without float64 support: the plain rule applies
+        return None, f"float64 reference failed: {type(err).__name__}"
+    from cutegen.evaluate.compare import flatten_outputs
+
+    refs, exacts = flatten_outputs(reference), flatten_outputs(exact)
+    if len(refs) != len(exacts):
+        return None, "the float64 result does not match the reference's structure"
+    deltas = []
+    for ref, ex in zip(refs, exacts):
+        if not (isinstance(ref, torch.Tensor) and isinstance(ex, torch.Tensor) and ref.is_floating_point()
+                and ex.is_floating_point() and ex.shape == ref.shape):
+            return None, "the float64 result does not match the reference's structure"
+        r = ref.double()
+        d = torch.where(torch.isfinite(r) & torch.isfinite(ex), ex.double() - r, torch.zeros_like(r))
+        scale = float(torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0).norm())
+        if float(d.norm()) > EXACT_AGREEMENT * scale:
+            return None, "the float64 result disagrees with the reference (random or dtype-specific forward)"
+        deltas.append(d.to(torch.float64 if ref.dtype == torch.float64 else torch.float32))
+    return (deltas[0] if isinstance(reference, torch.Tensor) else deltas), None
 
 
 def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_finite: bool) -> Trial:
@@ -192,7 +246,11 @@ def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol:
       (`check_output_types`), with no NaN/Inf where the reference has none (`check_nonfinite`).
     - An input the reference leaves unchanged must be unchanged after the candidate's call.
     - Elementwise tolerance `|out - ref| <= atol + rtol * |ref|` (`compare_outputs`), with max abs,
-      max rel and relative L2 errors and the first mismatching elements reported.
+      max rel and relative L2 errors and the first mismatching elements reported. The reference is
+      also run in float64 (`exact_delta`, before the candidate is imported); an element outside the
+      tolerance passes when it is no farther from that float64 result than the reference itself is,
+      plus the tolerance: the reference's own rounding (a cancelling sum) is not held against a
+      candidate that is as accurate. Such elements are counted (`within_reference_error`).
     - Determinism (`determinism_run`): the first trial again, after another churn; the two outputs
       must agree within a tenth of the tolerance (bitwise equality is reported too). Reordered
       floating-point additions (atomics) stay well inside that; results that depend on leftover
@@ -221,10 +279,10 @@ def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol:
         entry: dict[str, Any] = {"index": index, "adversarial": trial.adversarial, "note": trial.note,
                                  "findings": findings, "mutated": mutated}
         if not any(f["check"] == "check_output_types" for f in findings):
-            stats = compare_outputs(out, ref, atol, rtol)
+            stats = compare_outputs(out, ref, atol, rtol, trial.exact_delta)
             entry["errors"] = stats
             if stats.mismatched_elements:
-                entry["first_mismatches"] = list(first_mismatches(out, ref, atol, rtol))
+                entry["first_mismatches"] = list(first_mismatches(out, ref, atol, rtol, ref_delta=trial.exact_delta))
         results.append(entry)
         del out, args, ref
     return results
@@ -268,12 +326,15 @@ def aggregate_errors(stats: Sequence[ErrorStats]) -> ErrorStats | None:
         total_elements=sum(s.total_elements for s in stats),
         atol=stats[0].atol,
         rtol=stats[0].rtol,
+        within_reference_error=sum(s.within_reference_error for s in stats),
     )
 
 
+_COUNTS = ("mismatched_elements", "total_elements", "within_reference_error")
+
+
 def error_stats(data: Any) -> ErrorStats:
-    return ErrorStats(**{k: (float(v) if k not in ("mismatched_elements", "total_elements") else int(v))
-                         for k, v in data.items()})
+    return ErrorStats(**{k: (int(v) if k in _COUNTS else float(v)) for k, v in data.items()})
 
 
 def _describe_trial(entry: dict[str, Any], count: int) -> str:

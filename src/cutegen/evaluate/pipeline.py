@@ -170,6 +170,9 @@ def _reference(run: VerdictBuilder, worker: Any, task: Task, config: EvalConfig)
     run.set(degenerate=degenerate)
     detail = f"trivial solutions pass: {', '.join(degenerate)}" if degenerate else "no trivial solution passes"
     run.add(CheckResult("trivial_solution_probe", "correctness", True, detail))
+    exact = data.get("exact_reference")
+    run.add(CheckResult("float64_reference", "correctness", True,
+                        f"not used: {exact}" if exact else "every trial's reference has its float64 result"))
     return data
 
 

@@ -126,9 +126,29 @@ class Session:
                                                    clean_finite) for p in plans[1:]]
         dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
         self.atol, self.rtol = job["tolerances"][dtype]
+        exact_note = self._exact_deltas()
         degenerate = self._probe() if job.get("probe") else None
         self._snapshot()
-        return {"dtype": dtype, "atol": self.atol, "rtol": self.rtol, "degenerate": degenerate}
+        return {"dtype": dtype, "atol": self.atol, "rtol": self.rtol, "degenerate": degenerate,
+                "exact_reference": exact_note}
+
+    def _exact_deltas(self) -> str | None:
+        """Each trial's float64 result minus its reference (correctness.exact_delta); None when every
+        trial has one, else why one does not."""
+        from cutegen.evaluate import correctness as c
+
+        models = [c.exact_model(m) for m in self.ref_models]
+        notes = []
+        for trial in self.trials:
+            trial.exact_delta, note = c.exact_delta(models[trial.weight], trial.inputs, trial.reference, self.device)
+            if note and trial.reference is not None:
+                notes.append(note)
+        del models
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # the float64 copies' memory goes back before anything is timed
+        return notes[0] if notes else None
 
     def _probe(self) -> list[str]:
         """Trivial answers (zeros, a constant, an input) that pass every clean trial's reference."""
@@ -191,12 +211,13 @@ class Session:
         return to_json({**result, **self._integrity()})
 
     def timing_sets(self) -> tuple[list[Any], list[Any]]:
-        """Input sets for timing (and their references): clean trials of the first weight seed."""
+        """Input sets for timing (and their trials, which hold the references): clean trials of the
+        first weight seed."""
         from cutegen.evaluate.correctness import to_device
 
         chosen = [t for t in self.trials if not t.adversarial and t.weight == 0 and t.reference is not None]
         chosen = chosen[: max(1, self.job["timing"]["input_sets"])]
-        return [to_device(t.inputs, self.device) for t in chosen], [t.reference for t in chosen]
+        return [to_device(t.inputs, self.device) for t in chosen], chosen
 
     def timing(self) -> dict[str, Any]:
         from cutegen.evaluate.compare import compare_outputs
@@ -204,13 +225,13 @@ class Session:
         from cutegen.evaluate.timing import random_trials, time_forward
 
         spec = self.job["timing"]
-        sets, refs = self.timing_sets()
+        sets, chosen = self.timing_sets()
         keep = random_trials(spec["trials"], spec["output_checks"])
         self.hooks.churn()  # the timing inputs' references were on the device during correctness
         run = time_forward(self.cand_models[0], sets, device=self.device, trials=spec["trials"],
                            warmup=spec["warmup"], keep=keep)
-        validated = [{"trial": i, "errors": compare_outputs(out, to_device(refs[which], self.device),
-                                                            self.atol, self.rtol)}
+        validated = [{"trial": i, "errors": compare_outputs(out, to_device(chosen[which].reference, self.device),
+                                                            self.atol, self.rtol, chosen[which].exact_delta)}
                      for i, (which, out) in sorted(run.kept.items())]
         return to_json({"times_ms": run.times_ms, "validated": validated, "past_stream": run.past_stream,
                         "idle_limit_ms": run.idle_limit_ms, **self._integrity()})

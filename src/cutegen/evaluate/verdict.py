@@ -113,6 +113,9 @@ def error_failure(error: dict[str, Any], stage: str) -> tuple[str, str]:
 def correct_feedback(errors: ErrorStats | None, timed: bool = True) -> str:
     text = (f"Correct: {errors.total_elements} output elements over all trials within atol {errors.atol:g}"
             f" + rtol {errors.rtol:g} (max abs error {errors.max_abs_error:.3g})." if errors else "Correct.")
+    if errors and errors.within_reference_error:
+        text += (f" {errors.within_reference_error} of them only within the reference's own rounding error"
+                 " of the float64 result.")
     return text if timed else text + " Not timed."
 
 
