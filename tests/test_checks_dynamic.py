@@ -451,21 +451,28 @@ def test_memory_churn_exposes_stale_reference_output(path):
     assert check_nonfinite(got, expected)
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("path", fixtures_caught_by("audit_kernels", cuda=True), ids=lambda p: p.stem)
-def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path, shared_build_cache):
+def _audited_cuda_call(path: Path, build_cache: Path):
+    """A cute-backend fixture on CUDA: (its output's errors against the reference, the disallowed ops
+    the op audit saw in a second call, the kernel audit of a third)."""
     from cutegen.config import RuntimeConfig
     from cutegen.runtime import use_config
 
     reference, candidate, inputs, _ = setup(path, device="cuda")
-    with use_config(RuntimeConfig(cache_dir=shared_build_cache)):
+    with use_config(RuntimeConfig(cache_dir=build_cache)):
         out = candidate(*clones(inputs))  # the first call builds the copy kernel
         with OpAudit() as audit:
             candidate(*inputs)
-        result = audit_kernels(candidate, inputs)
-    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
-    assert disallowed_ops(audit.ops, "cute") == []  # the evasion works on the op audit...
+        kernels = audit_kernels(candidate, inputs)
+    return compare_outputs(out, reference(*clones(inputs)), TOL, TOL), disallowed_ops(audit.ops, "cute"), kernels
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("path", fixtures_caught_by("audit_kernels", cuda=True), ids=lambda p: p.stem)
+def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path, shared_build_cache):
+    stats, ops, result = _audited_cuda_call(path, shared_build_cache)
+    assert stats.mismatched_elements == 0
+    assert ops == []  # the evasion works on the op audit...
     assert result["skipped"] is None
     assert result["library_kernels"], result  # ...but not on the profiler
     assert any("tile_copy" in k for k in result["own_kernels"]), result  # its own kernel ran too
@@ -477,17 +484,9 @@ def test_kernel_audit_sees_library_kernels_behind_a_disabled_op_audit(path, shar
 def test_op_audit_catches_compute_next_to_an_own_cute_kernel_on_cuda(path, shared_build_cache):
     """On CUDA tensors the fixture launches its CuTe copy; the op audit still names the torch
     compute before it, and the answer is right."""
-    from cutegen.config import RuntimeConfig
-    from cutegen.runtime import use_config
-
-    reference, candidate, inputs, _ = setup(path, device="cuda")
-    with use_config(RuntimeConfig(cache_dir=shared_build_cache)):
-        out = candidate(*clones(inputs))  # the first call builds the copy kernel
-        with OpAudit() as audit:
-            candidate(*inputs)
-        kernels = audit_kernels(candidate, inputs)
-    assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
-    assert disallowed_ops(audit.ops, "cute") == AUDITED_COMPUTE[path.stem]
+    stats, ops, kernels = _audited_cuda_call(path, shared_build_cache)
+    assert stats.mismatched_elements == 0
+    assert ops == AUDITED_COMPUTE[path.stem]
     assert any("tile_copy" in k for k in kernels["own_kernels"]), kernels
 
 
