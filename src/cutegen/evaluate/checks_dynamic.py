@@ -13,7 +13,6 @@ arbitrary code in the worker.
 from __future__ import annotations
 
 import re
-
 import secrets
 import threading
 import time
