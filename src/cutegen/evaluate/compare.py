@@ -66,10 +66,12 @@ def _deltas(ref_delta: Any, count: int) -> list[Any]:
     return leaves if len(leaves) == count else [None] * count
 
 
-def _failing(o: torch.Tensor, r: torch.Tensor, delta: Any, atol: float, rtol: float) -> tuple[torch.Tensor, int]:
-    """(elements that fail, how many failed the plain rule but are within the reference's own error)."""
+def _failing(o: torch.Tensor, r: torch.Tensor, diff: torch.Tensor, delta: Any, atol: float,
+             rtol: float) -> tuple[torch.Tensor, int]:
+    """(elements that fail, how many failed the plain rule but are within the reference's own error);
+    `diff` is `_abs_diff(o, r)`, which the caller has already computed."""
     threshold = _threshold(r, atol, rtol)
-    plain = _abs_diff(o, r) > threshold
+    plain = diff > threshold
     if delta is None or not bool(plain.any()):
         return plain, 0
     d = _as_float64(delta)
@@ -106,7 +108,7 @@ def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, re
         if r.numel() == 0:
             continue
         diff = _abs_diff(o, r)
-        failing, rescued = _failing(o, r, delta, atol, rtol)
+        failing, rescued = _failing(o, r, diff, delta, atol, rtol)
         mismatched += int(failing.sum())
         within += rescued
         max_abs = max(max_abs, float(diff.max()))
@@ -132,7 +134,7 @@ def first_mismatches(
         if o.shape != r.shape:
             lines.append(f"output[{k}]: shape {tuple(o.shape)}, expected {tuple(r.shape)}")
             continue
-        bad = _failing(o, r, delta, atol, rtol)[0].nonzero()
+        bad = _failing(o, r, _abs_diff(o, r), delta, atol, rtol)[0].nonzero()
         for index in bad[: limit - len(lines)].tolist():
             where = tuple(index)
             lines.append(f"output[{k}] at {where}: got {o[where].item():.6g}, expected {r[where].item():.6g}")
