@@ -86,7 +86,8 @@ def _measure(task: Task, config: Any, worker: Any) -> Baselines:
     from cutegen.evaluate.session import make_job
     from cutegen.evaluate.worker import WorkerDied
 
-    job = make_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1, probe=False)
+    job = make_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1, probe=False,
+                   exact=False)
     try:
         _require(task, worker.call("reference", job, timeout_s=config.reference_timeout_s), "its reference")
         worker.settle()

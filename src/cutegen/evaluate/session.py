@@ -126,7 +126,7 @@ class Session:
                                                    clean_finite) for p in plans[1:]]
         dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
         self.atol, self.rtol = job["tolerances"][dtype]
-        exact_note = self._exact_deltas()
+        exact_note = self._exact_deltas() if job.get("exact", True) else None
         degenerate = self._probe() if job.get("probe") else None
         self._snapshot()
         return {"dtype": dtype, "atol": self.atol, "rtol": self.rtol, "degenerate": degenerate,
@@ -385,8 +385,9 @@ def describe_error(err: BaseException) -> dict[str, Any]:
 
 
 def make_job(task: Any, config: Any, *, trials: int, adversarial: int, weight_seeds: int,
-             probe: bool) -> dict[str, Any]:
-    """The `reference` command's payload: everything the worker needs, with fresh seeds."""
+             probe: bool, exact: bool = True) -> dict[str, Any]:
+    """The `reference` command's payload: everything the worker needs, with fresh seeds. `exact`:
+    also run the reference in float64 (only a candidate's comparison uses it, not a baseline)."""
     from dataclasses import replace
 
     from cutegen.config import HALF_DTYPES
@@ -403,6 +404,7 @@ def make_job(task: Any, config: Any, *, trials: int, adversarial: int, weight_se
         "weight_seeds": [unpredictable_seed() for _ in range(weight_seeds)],
         "trials": trial_plan(trials, adversarial, weight_seeds),
         "probe": probe,
+        "exact": exact,
         # The evaluator's build timeout governs (failure "build_timeout"), not nvcc's own.
         "runtime": to_json(replace(config.runtime, nvcc_timeout_s=config.build_timeout_s + 30.0)),
         "timing": {"trials": config.timing_trials, "warmup": config.warmup_trials,
