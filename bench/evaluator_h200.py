@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -163,13 +162,11 @@ print("RESULT " + json.dumps({
 FIDELITY_ROWS = (16384, 65536)  # 0.27 and 1.07 GB per tensor: about 0.13 and 0.53 ms of DRAM traffic
 
 
-def _ncu_path() -> str | None:
-    return shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
-
-
 def ncu_kernel_ms(driver: Path, args: list[str], env: dict[str, str]) -> dict[str, Any] | None:
     """Median gpu__time_duration of the candidate's kernel over the driver's 5 launches."""
-    ncu = _ncu_path()
+    from cutegen.profile.run import find_tool
+
+    ncu = find_tool(None, "ncu")
     if ncu is None:
         return None
     cmd = [ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv",
