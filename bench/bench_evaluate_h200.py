@@ -105,13 +105,14 @@ def section_evaluate(ctx: dict[str, Any]) -> dict[str, Any]:
 
     work, cuda = ctx["work"], ctx["device"] == "cuda"
     folder = CANDIDATES if cuda else DRY_RUN_CANDIDATES
-    step = cutegen(["bench", str(TASKS), "--select", ",".join(SIX_TASKS), "--evaluate", str(folder),
+    tasks = ",".join(ctx["evaluate_tasks"])
+    step = cutegen(["bench", str(TASKS), "--select", tasks, "--evaluate", str(folder),
                     "--backend", "cute" if cuda else "torch",
                     "--device", ctx["device"], "--runs-dir", str(work / "runs"), "--run-id", RUN_ID, "--no-report",
                     *([] if cuda else ["--timing-trials", "5", "--correctness-trials", "1", "--no-compile-baseline"])],
                    work, remaining(ctx, reserve_s=ctx["export_reserve_s"]))
     results_path = work / "runs" / RUN_ID / "results.json"
-    found, _ = find_candidates(load_tasks(TASKS, ",".join(SIX_TASKS)), folder)
+    found, _ = find_candidates(load_tasks(TASKS, tasks), folder)
     if not results_path.is_file():  # cut short: judge what verdicts.jsonl holds
         by_key = partial_results(work / "runs" / RUN_ID / "verdicts.jsonl")
         rows = [judge(path, by_key.get(key)) for key, path in sorted(found.items(), key=lambda kv: kv[1].name)]
@@ -376,6 +377,9 @@ def main() -> int:
     parser.add_argument("--kernelbench-tasks", default="swish_scale", help="tasks exported as KernelBench files"
                         " (each load_inline build takes about a minute), e.g. swish_scale,linear_gelu")
     parser.add_argument("--torch-op-tasks", default="linear_gelu", help="tasks exported as torch ops")
+    parser.add_argument("--evaluate-tasks", default=",".join(SIX_TASKS),
+                        help="the tasks whose candidate files the evaluate section judges (default: all six); the"
+                        " export sections need theirs among them")
     args = parser.parse_args()
     from cutegen.cli import env as cli_env
     from cutegen.manifest import machine_manifest
@@ -384,8 +388,13 @@ def main() -> int:
     results: dict[str, Any] = {"manifest": machine_manifest(cli_env.runtime_config()), "sections": {}}
     kernelbench = [t for t in args.kernelbench_tasks.split(",") if t]
     torch_op = [t for t in args.torch_op_tasks.split(",") if t]
+    evaluate_tasks = [t for t in args.evaluate_tasks.split(",") if t]
+    if not set(kernelbench + torch_op) <= set(evaluate_tasks):
+        parser.error("--kernelbench-tasks and --torch-op-tasks must be among --evaluate-tasks: they export from"
+                     " that run")
     ctx = {"work": args.work, "out": args.out, "results": results, "device": args.device,
            "deadline": time.monotonic() + args.budget_s, "kernelbench_tasks": kernelbench, "torch_op_tasks": torch_op,
+           "evaluate_tasks": evaluate_tasks,
            "torch_op_reserve_s": 40.0 * len(torch_op), "export_reserve_s": 90.0 * len(kernelbench) + 40.0 * len(torch_op)}
     results["device"] = args.device
     for name in [s.strip() for s in args.sections.split(",") if s.strip()]:

@@ -14,6 +14,10 @@ Sections (each bounded; results are written after every section, so a run cut sh
 - fidelity: examples/candidates/swish_scale_cute.py on 16384x4096 and 65536x4096 inputs, timed 5 times
   in one process by the evaluator's protocol function: spread of the medians; with ncu, the kernel's
   gpu__time_duration against the event-timed median.
+- profiler_effect: whether a profiler session (what the kernel audit runs) slows the event-timed
+  calls that follow it in the same process: the swish candidate at 256 x 4096 (a few microseconds)
+  and 16384 x 4096, timed before and after two profiler sessions, with and without TEARDOWN_CUPTI=1
+  (which makes Kineto detach CUPTI when a session ends); also the host time of one tiny launch.
 - throughput: 16 distinct small CuTe candidates, built in parallel (CPU workers), then evaluated one
   after the other with timing: evaluations per GPU-minute, and the median seconds of each step.
 Writes DIR/evaluator-h200.json and DIR/evaluator-h200.md with the machine manifest.
@@ -48,7 +52,7 @@ from cutegen.tasks import load_task  # noqa: E402
 TASKS = REPO / "examples" / "tasks"
 FIXTURES = REPO / "tests" / "fixtures"
 SWISH_CUTE = REPO / "examples" / "candidates" / "swish_scale_cute.py"
-SECTIONS = ("cheats", "honest", "faults", "fidelity", "throughput")
+SECTIONS = ("cheats", "honest", "faults", "fidelity", "profiler_effect", "throughput")
 # A check that works by making another one fire: churned memory shows up as NaN or wrong values.
 EQUIVALENT = {"churn_free_memory": {"check_nonfinite", "compare_outputs", "determinism"}}
 
@@ -66,6 +70,17 @@ def task_for(name: str) -> Any:
     return load_task(TASKS / f"{name}.py")
 
 
+def task_of(path: Path, info: dict[str, str]) -> Any:
+    """A fixture's task: its `# task-file:` or `# task:` header, else the task an example candidate's
+    docstring names ("... candidate for examples/tasks/X.py"), else the file name less `_cute`."""
+    if "task-file" in info:  # a fixture task (tests/fixtures/tasks/)
+        return load_task(REPO / info["task-file"])
+    if "task" in info:
+        return task_for(info["task"])
+    named = re.search(r"candidate for (examples/tasks/\w+\.py)", path.read_text()[:400])
+    return load_task(REPO / named.group(1)) if named else task_for(path.stem.removesuffix("_cute"))
+
+
 def judge_row(path: Path, verdict: Any, expected: str | None, started: float) -> dict[str, Any]:
     failed = {c.name for c in verdict.checks if not c.passed} | {
         f.check for c in verdict.checks if not c.passed for f in c.findings}
@@ -81,16 +96,16 @@ def judge_row(path: Path, verdict: Any, expected: str | None, started: float) ->
             "stage": verdict.stage, "status": status, "s": round(time.perf_counter() - started, 2),
             "feedback": verdict.feedback[:400], "speedup_vs_eager": verdict.speedup_vs_eager,
             "speedup_vs_compile": verdict.speedup_vs_compile, "sol_fraction": verdict.sol_fraction,
-            "median_ms": verdict.timing.median_ms if verdict.timing else None}
+            "median_ms": verdict.timing.median_ms if verdict.timing else None,
+            "stage_s": dict(verdict.stage_s)}
 
 
 def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | None) -> dict[str, Any]:
     info = headers(path)
     started = time.perf_counter()
     backend = info.get("backend", "cute")
-    task = (load_task(REPO / info["task-file"]) if "task-file" in info  # a fixture task (tests/fixtures/tasks/)
-            else task_for(info.get("task") or path.stem.removesuffix("_cute")))
     try:
+        task = task_of(path, info)
         verdict = evaluate_candidate(path, task, replace(config, backend=backend), pool=pool)
     except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
         return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": None,
@@ -220,6 +235,70 @@ def section_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
             "ncu_within_5pct": [abs(c.get("event_over_ncu", 9) - 1) <= 0.05 for c in cases]}
 
 
+PROFILER_DRIVER = r"""
+import importlib.util, json, os, statistics, sys, time
+from pathlib import Path
+import torch
+from torch.profiler import ProfilerActivity, profile
+from cutegen.config import RuntimeConfig
+from cutegen.evaluate.timing import time_forward
+from cutegen.runtime import find_kernels
+
+candidate, cache = sys.argv[1], Path(sys.argv[2])
+spec = importlib.util.spec_from_file_location("candidate", candidate)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+for kernel in find_kernels(module):
+    kernel.build(RuntimeConfig(cache_dir=cache))
+model = module.ModelNew(1.5)
+sizes = {rows: [[torch.randn(rows, 4096, device="cuda")] for _ in range(3)] for rows in (256, 16384)}
+tiny = torch.zeros(1, device="cuda")
+
+def medians():
+    out = {str(rows): statistics.median(time_forward(model, sets, device=torch.device("cuda"), trials=200,
+                                                     warmup=20).times_ms) for rows, sets in sizes.items()}
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(2000):
+        tiny.add_(1)
+    out["launch_us"] = (time.perf_counter() - started) / 2000 * 1e6
+    torch.cuda.synchronize()
+    return out
+
+result = {"teardown_cupti": os.environ.get("TEARDOWN_CUPTI"), "before": medians(), "sessions": []}
+for _ in range(2):
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        model(*sizes[256][0])
+        torch.cuda.synchronize()
+    result["sessions"].append({"profile_s": time.perf_counter() - started, "after": medians()})
+print("RESULT " + json.dumps(result))
+"""
+
+
+def section_profiler_effect(ctx: dict[str, Any]) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="cutegen-cupti-"))
+    driver = workdir / "profiler_driver.py"
+    driver.write_text(PROFILER_DRIVER)
+    runs = []
+    for teardown in (None, "1"):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+        env.pop("TEARDOWN_CUPTI", None)
+        if teardown:
+            env["TEARDOWN_CUPTI"] = teardown
+        done = subprocess.run([sys.executable, str(driver), str(SWISH_CUTE), str(ctx["config"].runtime.cache_dir)],
+                              capture_output=True, text=True, timeout=200, env=env, cwd=workdir)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        runs.append(json.loads(lines[-1][len("RESULT "):]) if lines
+                    else {"teardown_cupti": teardown, "error": (done.stdout[-1500:] + done.stderr[-1500:])})
+    for run in runs:  # microseconds a call gained after the first and second profiler sessions
+        if "before" in run:
+            run["added_us"] = [{key: round((session["after"][key] - run["before"][key]) * (1 if key == "launch_us"
+                                                                                          else 1e3), 2)
+                                for key in run["before"]} for session in run["sessions"]]
+    return {"runs": runs}
+
+
 def stage_medians(verdicts: list[Any]) -> dict[str, float]:
     """Median wall seconds of each evaluation step (Verdict.stage_s) over the verdicts."""
     steps: dict[str, list[float]] = {}
@@ -284,6 +363,9 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="Start no further section once this many seconds have passed.")
     parser.add_argument("--cache", type=Path, default=None, help="Evaluation cache (default: a fresh temp dir).")
+    parser.add_argument("--no-compile-baseline", dest="compile_baseline", action="store_false",
+                        help="Time eager only: no verdict depends on torch.compile's time, which costs ~25 s of"
+                        " compiling per task (the speedups vs torch.compile are then missing).")
     args = parser.parse_args()
     from cutegen.cli import env
     from cutegen.manifest import machine_manifest
@@ -297,7 +379,7 @@ def main() -> int:
         major, minor = pool.info()["capability"]  # prebuilds and evaluations must share cache keys
         runtime = replace(runtime, arch=runtime.arch or normalize_arch(f"sm_{major}{minor}"))
         ctx = {"pool": pool, "config": EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime,
-                                                  run_timeout_s=120.0)}
+                                                  run_timeout_s=120.0, compile_baseline=args.compile_baseline)}
         for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
             if time.perf_counter() - begun > args.budget_s:
                 results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}

@@ -9,7 +9,8 @@
 # CuTe kernel in parallel into the call's shared cache, so later steps find them built; name it first. A device call may run 10 minutes, so the
 # steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
 # what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
-# EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/).
+# EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/),
+# PROFILE_ARGS, BENCH_EVALUATE_ARGS and EVALUATOR_ARGS add arguments to those scripts.
 # Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe`, a
 # KernelBench copy in .kernelbench/. Writes $OUT/h200-results.tgz (one folder per step: the step's
 # files plus stdout.txt) and $OUT/summary.txt (exit status and seconds of each step).
@@ -28,11 +29,11 @@ step_command() {  # step, output folder -> the command line (and its limit in se
   case "$1" in
     prebuild)       echo "150 python3 bench/prebuild.py --cache $CACHE" ;;
     runtime)        echo "120 python3 bench/runtime_build.py --out $2" ;;
-    evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput}" ;;
+    evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput} ${EVALUATOR_ARGS:-}" ;;
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
     profile)        echo "300 python3 bench/profile_h200.py --out $2 --cache $CACHE ${PROFILE_ARGS:-}" ;;
-    bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 ))" ;;
+    bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
     gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;

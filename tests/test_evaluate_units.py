@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+import os
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,7 @@ def test_worker_environment_is_allow_listed(tmp_path):
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_HOME"] == "/cuda"
     assert "OPENAI_API_KEY" not in env and "AWS_SECRET" not in env
     assert env["TMPDIR"] == str(tmp_path) and env["TORCHINDUCTOR_CACHE_DIR"] == "/c"
+    assert env["TEARDOWN_CUPTI"] == "1"  # a profiler session must not slow the calls timed after it
     assert (Path(env["PYTHONPATH"].split(":")[0]) / "cutegen").is_dir()
     assert worker_environment(source, "cpu", None, tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
 
@@ -249,3 +251,52 @@ def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_rando
 
     delta, note = correctness.exact_delta(correctness.exact_model(Argmax()), [x], x.argmax(dim=-1), torch.device("cpu"))
     assert delta is None and "structure" in note
+
+
+PARENT_THEN_KILLED = r"""
+from cutegen.evaluate.worker import WorkerPool
+with WorkerPool("cpu") as pool:
+    with pool.worker() as worker:
+        print(worker.process.pid, flush=True)
+        # a long command: the worker is busy, not waiting on the channel (where it would see EOF)
+        worker.call("prebuild", {"source": "import time\ntime.sleep(120)\n"}, timeout_s=300)
+"""
+
+
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    """Workers run in sessions of their own, so a SIGKILLed parent cannot stop them: they must notice."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_THEN_KILLED)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        time.sleep(1.0)
+        os.kill(worker_pid, 0)  # the worker is alive (and busy) while its parent is
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker_pid, 0)
+            except ProcessLookupError:
+                break
+            if _is_zombie(worker_pid):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"worker {worker_pid} still runs 20 s after its parent was killed")
+    finally:
+        parent.kill()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return False

@@ -23,6 +23,8 @@ from cutegen.cli import main
 from cutegen.config import EvalConfig
 from cutegen.errors import ConfigError
 from cutegen.tasks import load_tasks, task_module
+from cutegen.runtime import Launcher
+from cutegen.runtime import launch as runtime_launch
 
 REPO = Path(__file__).resolve().parents[1]
 CUTE_SWISH = REPO / "examples" / "candidates" / "swish_scale_cute.py"
@@ -134,7 +136,7 @@ def test_cute_kernel_exports_load_without_a_gpu(run, tmp_path):
         assert done.returncode == 0, done.stderr
 
 
-def test_cute_torch_op_traces_into_one_graph_with_launchers_skipped(run, tmp_path):
+def test_cute_torch_op_traces_into_one_graph_with_launchers_skipped(run, tmp_path, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     result = export.best_result(bench.load_run(run), "swish_scale")
@@ -157,4 +159,14 @@ def test_cute_torch_op_traces_into_one_graph_with_launchers_skipped(run, tmp_pat
     assert len(graphs) == 1 and any(t.startswith("cutegen.swish_scale_") for t in targets), targets
     with pytest.raises(Exception, match="CUDA"):  # the real launcher still refuses CPU tensors
         op(torch.randn(4, 4))
+    # The launchers stay Launchers: a first call builds the library and binds each one (a plain
+    # wrapper function here once broke every exported op on its first real call).
+    kernel = module.kernel
+    assert all(isinstance(getattr(kernel, f), Launcher) for f in kernel.functions)
+    bound = []
+    monkeypatch.setattr(Launcher, "_bind", lambda self, library: bound.append(self.name))
+    monkeypatch.setattr(runtime_launch, "build_library", lambda source, config: "built")
+    monkeypatch.setattr(runtime_launch, "_load", lambda result, kernel: object())
+    kernel.build()
+    assert bound == list(kernel.functions)
     sys.modules.pop("swish_op", None)

@@ -1,4 +1,6 @@
 """The evaluation pipeline: static -> build -> correctness -> anticheat -> timing, first failure stops.
+(The kernel audit, an anticheat check, runs in the worker after the timed calls and is judged before
+them.)
 
 `evaluate_candidate` is the one entry point (the CLI, the agent and the benchmarks call it). Static
 checks read the source in this process (AST only, nothing runs); everything else runs in a fresh
@@ -127,12 +129,20 @@ def _worker_stages(run: VerdictBuilder, source: str, task: Task, config: EvalCon
             _judge_correctness(run, call("correctness"))
             run.stage = "anticheat"
             _judge_anticheat(run, call("anticheat"), config)
+            timing = None
             if config.do_timing:
                 run.stage = "timing"
                 started = time.perf_counter()
                 worker.settle()
                 run.timed("settle", started)
-                _judge_timing(run, call("timing"), task, config, baselines, peaks, reference["dtype"])
+                timing = call("timing")
+            # The kernel audit profiles a forward, and CUPTI can stay attached after a profiler session
+            # (see anticheat.py), so it runs after timing; it is judged first, as it can void the timing.
+            run.stage = "anticheat"
+            _judge_anticheat(run, call("kernel_audit"), config)
+            if timing is not None:
+                run.stage = "timing"
+                _judge_timing(run, timing, task, config, baselines, peaks, reference["dtype"])
             else:
                 run.feedback = correct_feedback(run.fields.get("errors"), timed=False)
         finally:

@@ -210,6 +210,13 @@ class Session:
                                     tol=max(self.atol, self.rtol))
         return to_json({**result, **self._integrity()})
 
+    def kernel_audit(self) -> dict[str, Any]:
+        from cutegen.evaluate.anticheat import run_kernel_audit
+
+        first = self.trials[0]
+        result = run_kernel_audit(self.cand_models[first.weight], first.inputs, self.device, self.job["backend"])
+        return to_json({**result, **self._integrity()})
+
     def timing_sets(self) -> tuple[list[Any], list[Any]]:
         """Input sets for timing (and their trials, which hold the references): clean trials of the
         first weight seed."""
@@ -297,7 +304,8 @@ COMMANDS: dict[str, Callable[[dict, Any], Any]] = {
     "reference": _cmd_reference,
     "prebuild": _cmd_prebuild,
     "peaks": _cmd_peaks,
-    **{name: _session_command(name) for name in ("build", "correctness", "anticheat", "timing", "baseline")},
+    **{name: _session_command(name) for name in ("build", "correctness", "anticheat", "timing", "kernel_audit",
+                                                      "baseline")},
 }
 
 

@@ -99,6 +99,10 @@ class CuteKernel:
     is compiled and loaded by `build()` or on the first launcher call.
     """
 
+    # The class of each `kernel.NAME`; a subclass may name a Launcher subclass (an exported torch op
+    # does, to skip launches on fake tensors) and the launchers stay what build() binds.
+    launcher_class: type["Launcher"]
+
     def __init__(self, source: str, functions: dict[str, tuple[str, ...]], name: str = "kernel") -> None:
         if not isinstance(source, str) or not source.strip():
             raise ConfigError(
@@ -126,7 +130,7 @@ class CuteKernel:
                     "Rename the launcher in the source and in the declaration.",
                 )
             params = check_against_source(source, fname, codes)
-            setattr(self, fname, Launcher(self, fname, codes, params))
+            setattr(self, fname, self.launcher_class(self, fname, codes, params))
 
     def build(self, config: RuntimeConfig | None = None) -> BuildResult:
         """Compile (or take from the cache) and load the library; returns what the build did."""
@@ -163,7 +167,8 @@ class CuteKernel:
         return f"CuteKernel({self.name!r}, launchers={list(self.functions)}, {state})"
 
 
-_RESERVED = frozenset(dir(CuteKernel)) | {"source", "name", "functions", "build_result", "_lock", "_library"}
+_RESERVED = frozenset(dir(CuteKernel)) | {"source", "name", "functions", "build_result", "_lock", "_library",
+                                          "launcher_class"}
 
 
 def _load(result: BuildResult, kernel: CuteKernel) -> ctypes.CDLL:
@@ -241,6 +246,9 @@ class Launcher:
 
     def __repr__(self) -> str:
         return f"<launcher {self.name}({', '.join(self.codes)}) of {self.kernel!r}>"
+
+
+CuteKernel.launcher_class = Launcher
 
 
 def _current_stream(launcher: Launcher) -> int:
