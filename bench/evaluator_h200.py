@@ -17,7 +17,9 @@ Sections (each bounded; results are written after every section, so a run cut sh
 - profiler_effect: whether a profiler session (what the kernel audit runs) slows the event-timed
   calls that follow it in the same process: the swish candidate at 256 x 4096 (a few microseconds)
   and 16384 x 4096, timed before and after two profiler sessions, with and without TEARDOWN_CUPTI=1
-  (which makes Kineto detach CUPTI when a session ends); also the host time of one tiny launch.
+  (which makes Kineto detach CUPTI when a session ends); also the host time of one tiny launch. A
+  third run times both right after `churn_free_memory` (which a worker runs just before timing) and
+  3 s later: the ~10 us by which full evaluations exceed ncu's kernel time is not CUPTI.
 - throughput: 16 distinct small CuTe candidates, built in parallel (CPU workers), then evaluated one
   after the other with timing: evaluations per GPU-minute, and the median seconds of each step.
 Writes DIR/evaluator-h200.json and DIR/evaluator-h200.md with the machine manifest.
@@ -266,6 +268,13 @@ def medians():
     return out
 
 result = {"teardown_cupti": os.environ.get("TEARDOWN_CUPTI"), "before": medians(), "sessions": []}
+if sys.argv[3] == "churn":  # what a candidate's timing follows in a worker: the NaN fill of free memory
+    from cutegen.evaluate.checks_dynamic import churn_free_memory
+
+    churn_free_memory(torch.device("cuda"))
+    result["after_churn"] = medians()
+    time.sleep(3.0)
+    result["after_churn_3s"] = medians()
 for _ in range(2):
     started = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
@@ -281,12 +290,12 @@ def section_profiler_effect(ctx: dict[str, Any]) -> dict[str, Any]:
     driver = workdir / "profiler_driver.py"
     driver.write_text(PROFILER_DRIVER)
     runs = []
-    for teardown in (None, "1"):
+    for teardown, churn in ((None, "-"), ("1", "-"), ("1", "churn")):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
         env.pop("TEARDOWN_CUPTI", None)
         if teardown:
             env["TEARDOWN_CUPTI"] = teardown
-        done = subprocess.run([sys.executable, str(driver), str(SWISH_CUTE), str(ctx["config"].runtime.cache_dir)],
+        done = subprocess.run([sys.executable, str(driver), str(SWISH_CUTE), str(ctx["config"].runtime.cache_dir), churn],
                               capture_output=True, text=True, timeout=200, env=env, cwd=workdir)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         runs.append(json.loads(lines[-1][len("RESULT "):]) if lines
