@@ -5,15 +5,18 @@
 #   bash bench/h200_all.sh STEP [STEP ...]
 #
 # Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (420), probe (420), agent (240),
-# profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420). `prebuild` builds every shipped
+# profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420), baselines (560). `prebuild` builds every shipped
 # CuTe kernel in parallel into the call's shared cache, so later steps find them built; name it first. A device call may run 10 minutes, so the
 # steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
 # what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
 # EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/),
-# PROFILE_ARGS, BENCH_EVALUATE_ARGS and EVALUATOR_ARGS add arguments to those scripts.
-# Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe`, a
-# KernelBench copy in .kernelbench/. Writes $OUT/h200-results.tgz (one folder per step: the step's
-# files plus stdout.txt) and $OUT/summary.txt (exit status and seconds of each step).
+# PROFILE_ARGS, BENCH_EVALUATE_ARGS, EVALUATOR_ARGS and BASELINES_ARGS add arguments to those scripts.
+# Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe` and
+# `baselines`, a KernelBench copy in .kernelbench/. `baselines` (eager and torch.compile baselines, SOL
+# bounds and probe flags of KernelBench L1+L2) resumes from bench/results/baselines-h200.json: copy the
+# step's baselines-h200.json there before the next call; it fills a whole call, so name it alone.
+# Writes $OUT/h200-results.tgz (one folder per step: the step's files plus stdout.txt) and
+# $OUT/summary.txt (exit status and seconds of each step).
 set -u
 [ $# -gt 0 ] || { echo "name the steps to run (see the comment at the top)"; exit 2; }
 OUT_DIR=${OUT:-/tmp/cutegen-h200}
@@ -35,6 +38,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     profile)        echo "300 python3 bench/profile_h200.py --out $2 --cache $CACHE ${PROFILE_ARGS:-}" ;;
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
+    baselines)      echo "560 python3 bench/baselines_kernelbench_h200.py --out $2 --kernelbench .kernelbench --cache $CACHE --budget-s $(( ${STEP_S:-560} - 30 )) ${BASELINES_ARGS:-}" ;;
     gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac

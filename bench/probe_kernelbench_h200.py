@@ -29,6 +29,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
     sys.path.insert(0, str(REPO / "src"))
 
 from cutegen.evaluate.compare import flatten_outputs  # noqa: E402
+from cutegen.evaluate.correctness import lowest_precision, tensors_of  # noqa: E402
 from cutegen.evaluate.probe import trivial_solution_probe  # noqa: E402
 from cutegen.tasks import load_tasks, task_module  # noqa: E402
 
@@ -49,19 +50,20 @@ def find_kernelbench(arg: str | None) -> Path:
     sys.exit("No KernelBench checkout found: pass --kernelbench PATH (a folder holding level1/, level2/...).")
 
 
-def reference_run(module: Any, seed: int) -> tuple[list[Any], list[Any]]:
-    """(outputs, inputs) of the reference on CUDA for one seed; weights from seed 0 every time."""
+def reference_run(module: Any, seed: int, device: str = "cuda") -> tuple[list[Any], list[Any]]:
+    """(outputs, inputs) of the reference on `device` for one seed; weights from seed 0 every time."""
     import torch
 
-    torch.set_default_device("cuda")  # inputs and weights are created on the GPU directly
+    torch.set_default_device(device)  # inputs and weights are created on the device directly
     try:
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).cuda().eval()
+        model = module.Model(*module.get_init_inputs()).to(device).eval()
         torch.manual_seed(seed)
-        inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
         with torch.no_grad():
             outputs = flatten_outputs(model(*inputs))
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
     finally:
         torch.set_default_device(None)
     return outputs, inputs
@@ -78,7 +80,10 @@ def output_summary(outputs: list[Any]) -> dict[str, Any]:
             "std": float(values.std()) if values.numel() > 1 else 0.0, "max_abs": float(values.abs().max())}
 
 
-def probe_task(task: Any) -> dict[str, Any]:
+def probe_task(task: Any, device: str = "cuda") -> dict[str, Any]:
+    """The trivial answers passing at each tolerance on every seed, the first output's statistics and
+    `precision`: the lowest-precision float dtype among inputs and outputs (as the evaluator picks
+    the tolerance and the speed-of-light peak)."""
     import torch
 
     started = time.perf_counter()
@@ -86,14 +91,16 @@ def probe_task(task: Any) -> dict[str, Any]:
     passing: dict[float, set[str] | None] = {tol: None for tol in TOLERANCES}
     summary: dict[str, Any] = {}
     for seed in SEEDS:
-        outputs, inputs = reference_run(module, seed)
+        outputs, inputs = reference_run(module, seed, device)
         if not summary:
             summary = output_summary(outputs)
+            summary["precision"] = lowest_precision(tensors_of(inputs) + tensors_of(outputs))
         for tol in TOLERANCES:
             names = set(trivial_solution_probe(outputs, inputs, tol, tol))
             passing[tol] = names if passing[tol] is None else passing[tol] & names
         del outputs, inputs
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     row = {"task_id": task.task_id, "name": task.name, "s": round(time.perf_counter() - started, 2), **summary}
     for tol in TOLERANCES:
         row[f"trivial@{tol:g}"] = sorted(passing[tol] or ())
