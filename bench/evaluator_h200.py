@@ -148,21 +148,25 @@ def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
 # Timing fidelity: one process builds the candidate once, then times it with the evaluator's protocol
 # function (cutegen.evaluate.timing.time_forward) REPS times; a second process runs the same forward
 # under Nsight Compute. Both on fresh randn inputs of ROWS x 4096 float32.
-FIDELITY_DRIVER = r"""
-import importlib.util, json, statistics, sys
+# The drivers' shared start: the swish candidate (argv[1]) built into the cache (argv[2]), as `model`.
+LOAD_SWISH = r"""
+import importlib.util, json, os, statistics, sys, time
 from pathlib import Path
 import torch
 from cutegen.config import RuntimeConfig
 from cutegen.evaluate.timing import time_forward
 from cutegen.runtime import find_kernels
 
-candidate, cache, rows, reps, mode = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+candidate, cache = sys.argv[1], Path(sys.argv[2])
 spec = importlib.util.spec_from_file_location("candidate", candidate)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 for kernel in find_kernels(module):
     kernel.build(RuntimeConfig(cache_dir=cache))
 model = module.ModelNew(1.5)
+"""
+FIDELITY_DRIVER = LOAD_SWISH + r"""
+rows, reps, mode = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 sets = [[torch.randn(rows, 4096, device="cuda")] for _ in range(3)]
 if mode == "ncu":
     for _ in range(5):
@@ -237,22 +241,8 @@ def section_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
             "ncu_within_5pct": [abs(c.get("event_over_ncu", 9) - 1) <= 0.05 for c in cases]}
 
 
-PROFILER_DRIVER = r"""
-import importlib.util, json, os, statistics, sys, time
-from pathlib import Path
-import torch
+PROFILER_DRIVER = LOAD_SWISH + r"""
 from torch.profiler import ProfilerActivity, profile
-from cutegen.config import RuntimeConfig
-from cutegen.evaluate.timing import time_forward
-from cutegen.runtime import find_kernels
-
-candidate, cache = sys.argv[1], Path(sys.argv[2])
-spec = importlib.util.spec_from_file_location("candidate", candidate)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-for kernel in find_kernels(module):
-    kernel.build(RuntimeConfig(cache_dir=cache))
-model = module.ModelNew(1.5)
 sizes = {rows: [[torch.randn(rows, 4096, device="cuda")] for _ in range(3)] for rows in (256, 16384)}
 tiny = torch.zeros(1, device="cuda")
 
