@@ -79,7 +79,8 @@ def worker_environment(source: dict[str, str], device: str, gpu: int | None, wor
     env["TMPDIR"] = str(workdir)
     # Kineto detaches CUPTI when a profiler session ends. Left attached (PyTorch's default), it slowed
     # every later call of a 6 us kernel by 1-2.5 us on an H200; detached, the calls timed as in a
-    # process that never profiled, and the next session started in 0.01 s instead of 3.5 s.
+    # process that never profiled, and a later session still started in 0.01 s (the first takes
+    # 3.5 s), so warming the profiler in the spare keeps its point.
     env["TEARDOWN_CUPTI"] = "1"
     env["PYTHONUNBUFFERED"] = "1"  # the log tail then holds what was printed right before a crash
     env["PYTHONDONTWRITEBYTECODE"] = "1"
