@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,9 @@ from cutegen.evaluate.pipeline import evaluate_candidate, prebuild_candidates  #
 from cutegen.evaluate.worker import WorkerPool  # noqa: E402
 from cutegen.tasks import load_task  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))  # the fixtures' header rules, shared with the tests
+from fixture_headers import header, task_path  # noqa: E402
+
 TASKS = REPO / "examples" / "tasks"
 FIXTURES = REPO / "tests" / "fixtures"
 SWISH_CUTE = REPO / "examples" / "candidates" / "swish_scale_cute.py"
@@ -59,28 +61,8 @@ SECTIONS = ("cheats", "honest", "faults", "fidelity", "profiler_effect", "throug
 EQUIVALENT = {"churn_free_memory": {"check_nonfinite", "compare_outputs", "determinism"}}
 
 
-def headers(path: Path) -> dict[str, str]:
-    found = {}
-    for line in path.read_text().splitlines()[:15]:
-        match = re.match(r"#\s*([\w-]+):\s*(.+)$", line)
-        if match:
-            found.setdefault(match.group(1), match.group(2).strip())
-    return found
-
-
 def task_for(name: str) -> Any:
     return load_task(TASKS / f"{name}.py")
-
-
-def task_of(path: Path, info: dict[str, str]) -> Any:
-    """A fixture's task: its `# task-file:` or `# task:` header, else the task an example candidate's
-    docstring names ("... candidate for examples/tasks/X.py"), else the file name less `_cute`."""
-    if "task-file" in info:  # a fixture task (tests/fixtures/tasks/)
-        return load_task(REPO / info["task-file"])
-    if "task" in info:
-        return task_for(info["task"])
-    named = re.search(r"candidate for (examples/tasks/\w+\.py)", path.read_text()[:400])
-    return load_task(REPO / named.group(1)) if named else task_for(path.stem.removesuffix("_cute"))
 
 
 def judge_row(path: Path, verdict: Any, expected: str | None, started: float) -> dict[str, Any]:
@@ -103,11 +85,11 @@ def judge_row(path: Path, verdict: Any, expected: str | None, started: float) ->
 
 
 def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | None) -> dict[str, Any]:
-    info = headers(path)
+    info = header(path)
     started = time.perf_counter()
     backend = info.get("backend", "cute")
     try:
-        task = task_of(path, info)
+        task = load_task(task_path(path, REPO))
         verdict = evaluate_candidate(path, task, replace(config, backend=backend), pool=pool)
     except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
         return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": None,
@@ -117,7 +99,7 @@ def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | No
 
 def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
     config = replace(ctx["config"], do_timing=False)
-    rows = [run_one(p, config, ctx["pool"], headers(p).get("caught-by"))
+    rows = [run_one(p, config, ctx["pool"], header(p).get("caught-by"))
             for p in sorted((FIXTURES / "cheats").glob("*.py"))]
     return {"rows": rows, "ok": sum(r["status"].startswith("OK") for r in rows), "total": len(rows)}
 
@@ -125,7 +107,7 @@ def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
 def section_honest(ctx: dict[str, Any]) -> dict[str, Any]:
     timed = replace(ctx["config"], timing_trials=30)
     paths = sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py"))
-    rows = [run_one(p, timed if headers(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
+    rows = [run_one(p, timed if header(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
                     ctx["pool"], None) for p in paths]
     return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
 
@@ -134,7 +116,7 @@ def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
     config = replace(ctx["config"], do_timing=False, run_timeout_s=15.0, build_timeout_s=15.0)
     rows = []
     for path in sorted((FIXTURES / "faults").glob("*.py")):
-        info = headers(path)
+        info = header(path)
         if info.get("device") not in ("cuda", "any"):
             continue
         row = run_one(path, replace(config, backend=info.get("backend", "cute")), ctx["pool"], info["fault"])

@@ -7,28 +7,7 @@ from pathlib import Path
 
 import pytest
 
-
-def header(path: Path) -> dict[str, str]:
-    """The `# key: value` lines at the top of a cheat or honest fixture (exploit, caught-by, task,
-    task-file, backend, needs); the first value of a key counts."""
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].partition(":")
-        if sep and key.strip() in ("exploit", "caught-by", "task", "task-file", "backend", "needs"):
-            fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
-def task_path(path: Path, repo: Path) -> Path:
-    """The task file a fixture is judged against: its `# task-file:` (repo-relative; a task made for
-    one fixture, under tests/fixtures/tasks/) or else examples/tasks/<task>.py, where a shipped
-    example without a `# task:` header is named after its task (swish_scale_cute.py)."""
-    fields = header(path)
-    if fields.get("task-file"):
-        return repo / fields["task-file"]
-    return repo / "examples" / "tasks" / f"{fields.get('task') or path.stem.removesuffix('_cute')}.py"
+from fixture_headers import header, task_path  # noqa: F401 - re-exported for the tests
 
 
 def toolchain_problem() -> str | None:

@@ -4,8 +4,11 @@ adversarial inputs, tolerances, the worker environment, the parent's judgement o
 from __future__ import annotations
 
 import math
-import time
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,11 +268,6 @@ with WorkerPool("cpu") as pool:
 
 def test_workers_end_when_their_parent_is_killed(tmp_path):
     """Workers run in sessions of their own, so a SIGKILLed parent cannot stop them: they must notice."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
     script = tmp_path / "parent.py"
     script.write_text(PARENT_THEN_KILLED)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}

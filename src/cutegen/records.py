@@ -172,7 +172,7 @@ class Verdict:
     noise_pct: float | None = None  # spread of the eager baseline timed twice; smaller gains are noise
     needs_review: bool = False  # a speedup above the review threshold (not a failure)
     # (step, wall seconds) in order: baselines, worker, reference, build, correctness, anticheat, settle,
-    # timing: where an evaluation's time goes
+    # timing, kernel_audit: where an evaluation's time goes
     stage_s: tuple[tuple[str, float], ...] = ()
 
 

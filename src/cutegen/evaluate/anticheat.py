@@ -51,15 +51,13 @@ def run_dynamic_checks(model: Any, ref_model: Any, inputs: list[Any], device: An
     return result
 
 
-def run_kernel_audit(model: Any, inputs: list[Any], device: Any, backend: str) -> dict[str, Any]:
-    """In the worker, after timing: the kernels one forward launches (backend cute on CUDA only)."""
+def run_kernel_audit(model: Any, inputs: list[Any], device: Any) -> dict[str, Any]:
+    """In the worker, after timing: the kernels one forward launches (the parent asks for it with
+    backend cute on CUDA only)."""
     import torch
 
     from cutegen.evaluate import checks_dynamic as dyn
     from cutegen.evaluate.correctness import to_device
-
-    if backend != "cute" or device.type != "cuda":
-        return {}
 
     def forward(*xs: Any) -> Any:
         with torch.no_grad():

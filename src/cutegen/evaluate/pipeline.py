@@ -136,10 +136,12 @@ def _worker_stages(run: VerdictBuilder, source: str, task: Task, config: EvalCon
                 worker.settle()
                 run.timed("settle", started)
                 timing = call("timing")
-            # The kernel audit profiles a forward, and CUPTI can stay attached after a profiler session
-            # (see anticheat.py), so it runs after timing; it is judged first, as it can void the timing.
-            run.stage = "anticheat"
-            _judge_anticheat(run, call("kernel_audit"), config)
+            # The kernel audit (backend cute on CUDA) profiles a forward, and CUPTI can stay attached
+            # after a profiler session (see anticheat.py), so it runs after timing; it is judged first,
+            # as it can void the timing.
+            if config.backend == "cute" and config.device == "cuda":
+                run.stage = "anticheat"
+                _judge_anticheat(run, call("kernel_audit"), config)
             if timing is not None:
                 run.stage = "timing"
                 _judge_timing(run, timing, task, config, baselines, peaks, reference["dtype"])

@@ -214,7 +214,7 @@ class Session:
         from cutegen.evaluate.anticheat import run_kernel_audit
 
         first = self.trials[0]
-        result = run_kernel_audit(self.cand_models[first.weight], first.inputs, self.device, self.job["backend"])
+        result = run_kernel_audit(self.cand_models[first.weight], first.inputs, self.device)
         return to_json({**result, **self._integrity()})
 
     def timing_sets(self) -> tuple[list[Any], list[Any]]:

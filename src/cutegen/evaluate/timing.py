@@ -54,17 +54,10 @@ def _sync_gap_limit_ms(samples: int = 10) -> float:
     running past the end of the caller's stream (another stream) or an unusually slow host wake-up;
     either way its time is then taken to the idle device, the conservative reading.
     """
-    import torch
-
     gaps = []
     for _ in range(samples):
-        start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        start.record()
-        end.record()
-        torch.cuda.synchronize()
-        idle.record()
-        idle.synchronize()
-        gaps.append(start.elapsed_time(idle) - start.elapsed_time(end))
+        _, on_stream, to_idle = _timed_cuda_call(lambda: None, ())  # a call that launches nothing
+        gaps.append(to_idle - on_stream)
     # From the median, not the maximum: one slow host wake-up must not widen the window in which work
     # on another stream goes uncounted; a normal trial that exceeds it is only timed conservatively.
     return 3.0 * statistics.median(gaps) + 0.005

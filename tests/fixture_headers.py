@@ -1,0 +1,40 @@
+"""How a fixture or an example candidate says what it is judged against: its `# key: value` header
+lines and its task. Used by the tests (through helpers.py) and by the GPU bench scripts, which judge
+the same files, so that both read them by one rule. Imports nothing beyond the standard library."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+HEADER_KEYS = ("exploit", "caught-by", "task", "task-file", "backend", "needs", "fault", "device")
+# An example candidate's docstring opens with "... candidate for examples/tasks/<task>.py".
+_EXAMPLE_TASK = re.compile(r"candidate for (examples/tasks/\w+\.py)")
+
+
+def header(path: Path) -> dict[str, str]:
+    """The `# key: value` lines at the top of a fixture (the keys in HEADER_KEYS); the first value of
+    a key counts."""
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].partition(":")
+        if sep and key.strip() in HEADER_KEYS:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def task_path(path: Path, repo: Path) -> Path:
+    """The task file a fixture is judged against: its `# task-file:` (repo-relative; a task made for
+    one fixture, under tests/fixtures/tasks/), else examples/tasks/<task>.py for its `# task:`, else
+    the task an example candidate's docstring names, else the file name less `_cute`."""
+    fields = header(path)
+    if fields.get("task-file"):
+        return repo / fields["task-file"]
+    if fields.get("task"):
+        return repo / "examples" / "tasks" / f"{fields['task']}.py"
+    named = _EXAMPLE_TASK.search(path.read_text()[:400])
+    if named:
+        return repo / named.group(1)
+    return repo / "examples" / "tasks" / f"{path.stem.removesuffix('_cute')}.py"
