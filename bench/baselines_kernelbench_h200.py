@@ -2,7 +2,7 @@
 
     python3 bench/baselines_kernelbench_h200.py --out DIR [--kernelbench PATH] [--levels 1,2]
         [--tracks fp32,tf32] [--budget-s 530] [--state bench/results/baselines-h200.json]
-        [--compile-jobs N] [--chunk N] [--select IDS] [--work DIR] [--cache DIR] [--device cuda|cpu]
+        [--compile-jobs N] [--chunk N] [--select SEL] [--work DIR] [--cache DIR] [--device cuda|cpu]
         [--timing-trials 100] [--no-compile] [--no-probe] [--retry-errors]
 
 For every task of the chosen levels and each precision track (fp32: TF32 off; tf32: TF32 on):
@@ -667,19 +667,9 @@ def progress_line(task: Any, track: str, row: dict[str, Any], seconds: float, do
 # ------------------------------------------------------------------------------------------ main
 
 
-def select(tasks: list[Any], terms: str | None) -> list[Any]:
-    """Tasks named by a comma list of task ids (level1/19) or substrings of the file name (ReLU)."""
-    if not terms:
-        return tasks
-    wanted = [t.strip() for t in terms.split(",") if t.strip()]
-    chosen = [t for t in tasks if any(w == t.task_id or w.lower() in t.name.lower() for w in wanted)]
-    if not chosen:
-        sys.exit(f"--select {terms!r} names no task of the chosen levels (task ids look like level1/19).")
-    return chosen
-
-
 def load_suite(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    from cutegen.tasks import load_tasks
+    from cutegen.errors import ConfigError
+    from cutegen.tasks import load_tasks, select_tasks
 
     root = find_kernelbench(args.kernelbench)
     tasks = []
@@ -687,7 +677,12 @@ def load_suite(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
         if not (root / f"level{level}").is_dir():
             sys.exit(f"{root} has no level{level}/ folder: pass --levels with the levels it holds.")
         tasks += load_tasks(root, select=f"level{level}")
-    return select(tasks, args.select), kernelbench_info(root)
+    if args.select:
+        try:
+            tasks = select_tasks(tasks, args.select)  # the selector of every cutegen command
+        except ConfigError as err:
+            sys.exit(str(err))
+    return tasks, kernelbench_info(root)
 
 
 def kernelbench_info(root: Path) -> dict[str, Any]:
@@ -705,7 +700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kernelbench")
     parser.add_argument("--levels", default="1,2")
     parser.add_argument("--tracks", default="fp32,tf32")
-    parser.add_argument("--select", help="comma list of task ids (level1/19) or file-name substrings")
+    parser.add_argument("--select", help="tasks, as cutegen's --select: level1/19, level2:1-20, '*relu*' (comma list)")
     parser.add_argument("--budget-s", type=float, default=530.0)
     parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2 - 1),
                         help="parallel precompile workers (0: no precompile)")
