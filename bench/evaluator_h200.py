@@ -366,7 +366,10 @@ def main() -> int:
                 results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}
                 continue
             data = run_section(name, globals(), ctx, results, lambda r: write_report(args.out, r))
-            print(f"{name}: {data.get('ok', '')}/{data.get('total', '')} in {data['wall_s']:.0f} s", flush=True)
+            done = f"{data['ok']}/{data['total']}" if "total" in data else "error" if "error" in data else "done"
+            per_minute = f", {data['evaluations_per_gpu_minute']:.2f} per GPU-minute" \
+                if "evaluations_per_gpu_minute" in data else ""
+            print(f"{name}: {done}{per_minute} in {data['wall_s']:.0f} s", flush=True)
     return 0 if all("error" not in d for d in results["sections"].values()) else 1
 
 

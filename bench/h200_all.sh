@@ -39,7 +39,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
     baselines)      echo "560 python3 bench/baselines_kernelbench_h200.py --out $2 --kernelbench .kernelbench --cache $CACHE --budget-s $(( ${STEP_S:-560} - 30 )) ${BASELINES_ARGS:-}" ;;
-    gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
+    gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac
 }

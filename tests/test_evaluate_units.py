@@ -224,6 +224,41 @@ def test_comparison_forgives_only_the_references_own_rounding_error():
     assert compare_outputs(exact, ref, 1e-4, 1e-4, ref_delta=(delta, delta)).mismatched_elements == 1
 
 
+def test_comparison_in_chunks_matches_the_whole_tensor_comparison(monkeypatch):
+    import torch
+
+    from cutegen.evaluate import compare
+
+    torch.manual_seed(0)
+    ref = torch.randn(7, 13, 5)
+    out = ref + 1e-5 * torch.randn_like(ref)
+    out[0, 0, 3] += 1.0   # mismatches in the first, a middle and the last chunk
+    out[3, 7, 1] = float("nan")
+    out[6, 12, 4] -= 2.0
+    delta = torch.zeros_like(ref)
+    delta[3, 2, 2], out[3, 2, 2] = 5e-3, ref[3, 2, 2] + 5e-3  # rescued by the reference's own error
+    whole = compare.compare_outputs(out, ref, 1e-4, 1e-4, ref_delta=delta)
+    lines = compare.first_mismatches(out, ref, 1e-4, 1e-4, ref_delta=delta)
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 16)  # 455 elements: 29 chunks, the last one short
+    chunked = compare.compare_outputs(out, ref, 1e-4, 1e-4, ref_delta=delta)
+    assert (chunked.mismatched_elements, chunked.within_reference_error) == (3, 1)
+    assert (whole.mismatched_elements, whole.within_reference_error) == (3, 1)
+    assert chunked.max_abs_error == whole.max_abs_error == math.inf  # the NaN
+    assert compare.first_mismatches(out, ref, 1e-4, 1e-4, ref_delta=delta) == lines
+    out[3, 7, 1] = ref[3, 7, 1]
+    finite = compare.compare_outputs(out, ref, 1e-4, 1e-4, ref_delta=delta)
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 1 << 24)
+    assert finite == compare.compare_outputs(out, ref, 1e-4, 1e-4, ref_delta=delta)
+    assert finite.max_abs_error == pytest.approx(2.0, abs=1e-4)
+    assert finite.rel_l2_error > 0 and finite.mismatched_elements == 2
+    assert [line.split(":")[0] for line in lines] == ["output[0] at (0, 0, 3)", "output[0] at (3, 7, 1)",
+                                                     "output[0] at (6, 12, 4)"]
+    # A non-contiguous output and a 0-d one compare as their values.
+    assert compare.compare_outputs(ref.transpose(0, 2), ref.transpose(0, 2).contiguous(), 0, 0).mismatched_elements == 0
+    assert compare.first_mismatches(torch.tensor(2.0), torch.tensor(1.0), 1e-4, 1e-4) == \
+        ("output[0] at (): got 2, expected 1",)
+
+
 def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():
     import torch
     import torch.nn as nn

@@ -1,9 +1,10 @@
 """Compare a candidate's outputs with the reference's: the tolerance rule and its error report.
 
 The rule (EVALUATION.md, "Correctness"): an element passes when `|out - ref| <= atol + rtol * |ref|`.
-Everything is computed in float64 so that the report itself adds no rounding. NaN in both places and
-equal infinities count as equal (a reference that produces them is matched by producing them too);
-any other NaN or infinity in the difference is a mismatch with infinite error.
+Everything is computed in float64 so that the report itself adds no rounding, in chunks and on the
+output's GPU when it has one (`_chunks`), so that a large output needs no host copy of itself. NaN
+in both places and equal infinities count as equal (a reference that produces them is matched by
+producing them too); any other NaN or infinity in the difference is a mismatch with infinite error.
 
 The reference is itself rounded: where a sum cancels (a GEMM element near zero on heavy-tailed
 inputs, or K in the thousands), PyTorch's fp32 result can be farther from the exact value than the
@@ -18,7 +19,7 @@ so a lower-precision candidate (TF32 where fp32 is asked for) still fails there.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from cutegen.records import ErrorStats
 
@@ -33,14 +34,39 @@ def flatten_outputs(outputs: Any) -> list[Any]:
     return [outputs]
 
 
-def _as_float64(value: Any) -> torch.Tensor:
+# Elements per comparison chunk: each float64 temporary of a chunk takes 128 MiB, so comparing a
+# KernelBench output of 1.6G elements needs a few hundred MiB instead of tens of GB of host memory.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _leaf(value: Any) -> torch.Tensor:
+    """An output leaf as a detached tensor (complex as real pairs), in its own dtype and device."""
     import torch  # imported here so that importing this module stays cheap (nothing at import time)
 
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     tensor = tensor.detach()
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor.resolve_conj())
-    return tensor.to(device="cpu", dtype=torch.float64)
+    return tensor
+
+
+def _chunks(out: Any, ref: Any, delta: Any) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, Any]]:
+    """(flat offset, out, ref, delta or None) in float64 chunks of CHUNK_ELEMENTS, on the output's GPU
+    when it is on one (the reference lives on the host; float64 arithmetic is the same on both, and
+    the GPU does it without a host copy of the whole output), else on the host. `delta` is dropped
+    when its shape is not the reference's."""
+    import torch
+
+    o, r = _leaf(out), _leaf(ref)
+    device = o.device if o.device.type == "cuda" else torch.device("cpu")
+    d = None if delta is None else _leaf(delta)
+    if d is not None and d.shape != r.shape:
+        d = None
+    flat = [t.reshape(-1) if t is not None else None for t in (o, r, d)]
+    for start in range(0, r.numel(), CHUNK_ELEMENTS):
+        o_c, r_c, d_c = (None if t is None else t[start:start + CHUNK_ELEMENTS].to(device=device, dtype=torch.float64)
+                         for t in flat)
+        yield start, o_c, r_c, d_c
 
 
 def _abs_diff(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -66,16 +92,13 @@ def _deltas(ref_delta: Any, count: int) -> list[Any]:
     return leaves if len(leaves) == count else [None] * count
 
 
-def _failing(o: torch.Tensor, r: torch.Tensor, diff: torch.Tensor, delta: Any, atol: float,
+def _failing(o: torch.Tensor, r: torch.Tensor, diff: torch.Tensor, d: Any, atol: float,
              rtol: float) -> tuple[torch.Tensor, int]:
     """(elements that fail, how many failed the plain rule but are within the reference's own error);
-    `diff` is `_abs_diff(o, r)`, which the caller has already computed."""
+    `diff` is `_abs_diff(o, r)`, which the caller has already computed, `d` the float64 delta or None."""
     threshold = _threshold(r, atol, rtol)
     plain = diff > threshold
-    if delta is None or not bool(plain.any()):
-        return plain, 0
-    d = _as_float64(delta)
-    if d.shape != r.shape:
+    if d is None or not bool(plain.any()):
         return plain, 0
     failing = plain & (_abs_diff(o, r + d) > threshold + d.abs())
     return failing, int(plain.sum()) - int(failing.sum())
@@ -94,30 +117,26 @@ def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, re
     import torch
 
     outs, refs = flatten_outputs(outputs), flatten_outputs(ref_outputs)
-    total = sum(_as_float64(r).numel() for r in refs)
-    shapes_ok = len(outs) == len(refs) and all(
-        _as_float64(o).shape == _as_float64(r).shape for o, r in zip(outs, refs)
-    )
+    total = sum(_leaf(r).numel() for r in refs)
+    shapes_ok = len(outs) == len(refs) and all(_leaf(o).shape == _leaf(r).shape for o, r in zip(outs, refs))
     if not shapes_ok:
         return ErrorStats(math.inf, math.inf, math.inf, total, total, atol, rtol)
     max_abs = max_rel = 0.0
     sq_diff = sq_ref = 0.0
     mismatched = within = 0
     for out, ref, delta in zip(outs, refs, _deltas(ref_delta, len(refs))):
-        o, r = _as_float64(out), _as_float64(ref)
-        if r.numel() == 0:
-            continue
-        diff = _abs_diff(o, r)
-        failing, rescued = _failing(o, r, diff, delta, atol, rtol)
-        mismatched += int(failing.sum())
-        within += rescued
-        max_abs = max(max_abs, float(diff.max()))
-        nonzero = (r != 0) & torch.isfinite(r)
-        if bool(nonzero.any()):
-            max_rel = max(max_rel, float((diff[nonzero] / r[nonzero].abs()).max()))
-        sq_diff += float((diff * diff).sum())
-        finite_ref = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
-        sq_ref += float((finite_ref * finite_ref).sum())
+        for _, o, r, d in _chunks(out, ref, delta):
+            diff = _abs_diff(o, r)
+            failing, rescued = _failing(o, r, diff, d, atol, rtol)
+            mismatched += int(failing.sum())
+            within += rescued
+            max_abs = max(max_abs, float(diff.max()))
+            nonzero = (r != 0) & torch.isfinite(r)
+            if bool(nonzero.any()):
+                max_rel = max(max_rel, float((diff[nonzero] / r[nonzero].abs()).max()))
+            sq_diff += float((diff * diff).sum())
+            finite_ref = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+            sq_ref += float((finite_ref * finite_ref).sum())
     rel_l2 = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
     return ErrorStats(max_abs, max_rel, rel_l2, mismatched, total, atol, rtol, within)
 
@@ -127,17 +146,20 @@ def first_mismatches(
 ) -> tuple[str, ...]:
     """Up to `limit` failing elements as 'output[i] at (r, c): got X, expected Y', for feedback that
     shows a model where its kernel goes wrong (by the same rule as `compare_outputs`)."""
+    import torch
+
     lines: list[str] = []
     refs = flatten_outputs(ref_outputs)
     for k, (out, ref, delta) in enumerate(zip(flatten_outputs(outputs), refs, _deltas(ref_delta, len(refs)))):
-        o, r = _as_float64(out), _as_float64(ref)
-        if o.shape != r.shape:
-            lines.append(f"output[{k}]: shape {tuple(o.shape)}, expected {tuple(r.shape)}")
+        shape = tuple(_leaf(ref).shape)
+        if tuple(_leaf(out).shape) != shape:
+            lines.append(f"output[{k}]: shape {tuple(_leaf(out).shape)}, expected {shape}")
             continue
-        bad = _failing(o, r, _abs_diff(o, r), delta, atol, rtol)[0].nonzero()
-        for index in bad[: limit - len(lines)].tolist():
-            where = tuple(index)
-            lines.append(f"output[{k}] at {where}: got {o[where].item():.6g}, expected {r[where].item():.6g}")
-        if len(lines) >= limit:
-            break
+        for start, o, r, d in _chunks(out, ref, delta):
+            bad = _failing(o, r, _abs_diff(o, r), d, atol, rtol)[0].nonzero().flatten()
+            for flat in bad[: limit - len(lines)].tolist():
+                where = tuple(int(i) for i in torch.unravel_index(torch.tensor(start + flat), shape)) if shape else ()
+                lines.append(f"output[{k}] at {where}: got {o[flat].item():.6g}, expected {r[flat].item():.6g}")
+            if len(lines) >= limit:
+                return tuple(lines)
     return tuple(lines[:limit])
