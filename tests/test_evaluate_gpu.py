@@ -76,7 +76,7 @@ def test_timing_takes_the_stream_time_and_counts_work_left_on_another_stream():
 
     import torch
 
-    from cutegen.evaluate.timing import time_forward
+    from cutegen.evaluate.timing import hidden_work_trials, time_forward
 
     x = torch.randn(4096, 4096, device="cuda")
     side = torch.cuda.Stream()
@@ -88,7 +88,10 @@ def test_timing_takes_the_stream_time_and_counts_work_left_on_another_stream():
 
     honest = time_forward(_matmuls, [[x]], device=torch.device("cuda"), trials=8, warmup=2)
     cheat = time_forward(hidden, [[x]], device=torch.device("cuda"), trials=8, warmup=2)
-    assert honest.past_stream <= 1 and cheat.past_stream == 8
+    # The honest calls may be timed to the idle device (the host wakes up late from a 10 ms
+    # synchronize: on the H200 all 8 were), but only the hidden ones count as hidden work.
+    assert hidden_work_trials(honest.stream_ms, honest.idle_ms, honest.idle_limit_ms) <= 1
+    assert cheat.past_stream == 8 and hidden_work_trials(cheat.stream_ms, cheat.idle_ms, cheat.idle_limit_ms) == 8
     # On the stream, the end event comes before the synchronize's latency; off it, the device-wide
     # wait is what counts, so the hidden work is still charged in full.
     assert all(t <= i for t, i in zip(honest.times_ms, honest.idle_ms))

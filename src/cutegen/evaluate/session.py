@@ -241,7 +241,8 @@ class Session:
                                                             self.atol, self.rtol, chosen[which].exact_delta)}
                      for i, (which, out) in sorted(run.kept.items())]
         return to_json({"times_ms": run.times_ms, "validated": validated, "past_stream": run.past_stream,
-                        "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
+                        "stream_ms": run.stream_ms, "idle_ms": run.idle_ms, "idle_limit_ms": run.idle_limit_ms,
+                        **self._integrity()})
 
     def baseline(self, payload: dict[str, Any]) -> dict[str, Any]:
         from cutegen.evaluate.baselines import measure_baseline
