@@ -240,9 +240,8 @@ class Session:
         validated = [{"trial": i, "errors": compare_outputs(out, to_device(chosen[which].reference, self.device),
                                                             self.atol, self.rtol, chosen[which].exact_delta)}
                      for i, (which, out) in sorted(run.kept.items())]
-        return to_json({"times_ms": run.times_ms, "validated": validated, "past_stream": run.past_stream,
-                        "stream_ms": run.stream_ms, "idle_ms": run.idle_ms, "idle_limit_ms": run.idle_limit_ms,
-                        **self._integrity()})
+        return to_json({"times_ms": run.times_ms, "validated": validated, "stream_ms": run.stream_ms,
+                        "idle_ms": run.idle_ms, "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
 
     def baseline(self, payload: dict[str, Any]) -> dict[str, Any]:
         from cutegen.evaluate.baselines import measure_baseline
