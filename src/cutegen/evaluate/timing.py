@@ -70,15 +70,23 @@ def _sync_gap_limit_ms(samples: int = 10) -> float:
 HIDDEN_SHARE = 0.25
 
 
-def hidden_work_trials(stream_ms: Sequence[float], idle_ms: Sequence[float], limit_ms: float | None) -> int:
+def ran_past_stream(on_stream_ms: float, to_idle_ms: float, limit_ms: float, share: float = 0.0) -> bool:
+    """Whether a trial kept the device busy after the caller's stream had finished for longer than
+    `limit_ms` and than `share` of its time to the idle device. The one rule behind `time_forward`'s
+    choice of time (share 0) and `hidden_work_trials`."""
+    return to_idle_ms - on_stream_ms > max(limit_ms, share * to_idle_ms)
+
+
+def hidden_work_trials(stream_ms: Sequence[float], idle_ms: Sequence[float], limit_ms: float | None,
+                       share: float = HIDDEN_SHARE) -> int:
     """Trials in which the device stayed busy after the caller's stream had finished for longer than
-    `limit_ms` and for more than HIDDEN_SHARE of the call: work launched on another stream. Every
-    trial past `limit_ms` is already timed to the idle device (`time_forward`); this count is what
-    the verdict judges, so that a long honest call is not taken for one that hides work."""
+    `limit_ms` and for more than `share` of the call: work launched on another stream. Every trial
+    past `limit_ms` is already timed to the idle device (`time_forward`; `share=0` counts those);
+    this count is what the verdict judges, so that a long honest call is not taken for one that hides
+    work."""
     if limit_ms is None:
         return 0
-    return sum(1 for on_stream, to_idle in zip(stream_ms, idle_ms)
-               if to_idle - on_stream > max(limit_ms, HIDDEN_SHARE * to_idle))
+    return sum(ran_past_stream(on_stream, to_idle, limit_ms, share) for on_stream, to_idle in zip(stream_ms, idle_ms))
 
 
 def _timed_cuda_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
@@ -144,7 +152,7 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
             if cuda:
                 flush.max()  # a read of 2x the L2 (see above); the scalar result is not needed
                 out, on_stream, to_idle = _timed_cuda_call(fn, input_sets[which])
-                past = to_idle - on_stream > run.idle_limit_ms
+                past = ran_past_stream(on_stream, to_idle, run.idle_limit_ms)
                 run.past_stream += past
                 run.stream_ms.append(on_stream)
                 run.idle_ms.append(to_idle)
