@@ -660,7 +660,9 @@ def progress_line(task: Any, track: str, row: dict[str, Any], seconds: float, do
         what = (f"eager {ms(row.get('eager'))}, compile {ms(row.get('compiled'))}"
                 f"{' (' + row['compile_error'][:80] + ')' if row.get('compile_error') else ''},"
                 f" SOL {ms({'median_ms': row['sol_bound_ms']}) if row.get('sol_bound_ms') else '-'},"
-                f" FX cache entries added {row.get('fx_graph_entries_added')}")
+                f" FX cache entries added {row.get('fx_graph_entries_added')}; seconds: reference"
+                f" {row.get('reference_s')}, settle {row.get('settle_s')}, eager {row.get('eager_s')},"
+                f" compile {row.get('compiled_s')}")
     return f"[{done}/{total}] {task.task_id} {track}: {what} ({seconds:.1f} s)"
 
 

@@ -259,6 +259,9 @@ def test_timing_and_baselines_on_cpu_with_cache_hit(tmp_path, pool, config):
 
     again = get_baselines(task("swish_scale"), timed, pool)
     assert again.eager == verdict.eager and cached[0].stat().st_mtime_ns == stamp
+    # where the measurement's seconds went, kept with it (no compiled baseline was asked for)
+    assert all(s is not None and s >= 0 for s in (again.reference_s, again.settle_s, again.eager_s))
+    assert again.compiled_s is None and again.eager_s > 0
 
 
 def test_cli_eval_exit_statuses_and_json(tmp_path, capsys, monkeypatch):

@@ -176,7 +176,7 @@ class EvalConfig:
     timed_output_checks: int = 3
     build_timeout_s: float = 300.0
     run_timeout_s: float = 180.0
-    reference_timeout_s: float = 900.0  # inputs are generated on the host: slow for huge tasks
+    reference_timeout_s: float = 900.0  # a huge task drawn on the host (see make_inputs) is slow
     atol: float | None = None
     rtol: float | None = None
     do_timing: bool = True

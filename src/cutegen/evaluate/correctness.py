@@ -73,22 +73,41 @@ def adversarial_like(x: Any, seed: int, outlier_scale: float, power: float) -> A
 
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
         return x
-    gen = torch.Generator().manual_seed(seed)
-    data = x.detach().to("cpu", torch.float32)
+    # Drawn where x lives: the host's generator is serial, slow for KernelBench's 8 GB inputs.
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    data = x.detach().to(torch.float32)
     if float(data.min()) >= 0.0 and float(data.max()) <= 1.0:
-        return data.pow(power).to(x.dtype).to(x.device)
-    tails = torch.exp(0.5 * torch.randn(data.shape, generator=gen))
-    outliers = torch.rand(data.shape, generator=gen) < OUTLIER_FRACTION
+        return data.pow(power).to(x.dtype)
+    tails = torch.exp(0.5 * torch.randn(data.shape, generator=gen, device=x.device))
+    outliers = torch.rand(data.shape, generator=gen, device=x.device) < OUTLIER_FRACTION
     scaled = data * tails * torch.where(outliers, outlier_scale, 1.0)
-    return scaled.to(x.dtype).to(x.device)
+    return scaled.to(x.dtype)
 
 
-def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None) -> list[Any]:
-    """The task's inputs for `seed` (host copies), optionally made heavy-tailed."""
+def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None, device: Any = None) -> list[Any]:
+    """The task's inputs for `seed` (host copies), optionally made heavy-tailed.
+
+    With a CUDA `device`, get_inputs() runs with it as the default device, so the task's random
+    tensors come from the device's generator: the host's is serial, and KernelBench's largest inputs
+    (8 GB of torch.rand) took ~20 s each there, against milliseconds on a GPU. The values differ from
+    a host draw of the same seed; every side of an evaluation gets copies of the same draw. A task
+    whose get_inputs() cannot run so (numpy on a tensor, not enough device memory) is drawn on the
+    host.
+    """
     import torch
 
-    torch.manual_seed(seed)
-    inputs = list(module.get_inputs())
+    inputs = None
+    if device is not None and torch.device(device).type == "cuda":
+        try:
+            torch.manual_seed(seed)  # seeds the host's and every device's generator
+            with torch.device(device):
+                inputs = list(module.get_inputs())
+        except Exception:  # noqa: BLE001 - the host draw below raises the task's own error, if any
+            inputs = None
+            torch.cuda.empty_cache()
+    if inputs is None:
+        torch.manual_seed(seed)
+        inputs = list(module.get_inputs())
     if adversarial is not None:
         inputs = [adversarial_like(x, seed + k, *adversarial) for k, x in enumerate(inputs)]
     return to_device(inputs, "cpu")
@@ -213,11 +232,11 @@ def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_fini
     """One trial's inputs and reference output; an adversarial trial whose reference overflows where
     clean inputs do not is retried milder, then skipped (the task's domain forbids such inputs)."""
     if not spec["adversarial"]:
-        inputs = make_inputs(module, spec["seed"], None)
+        inputs = make_inputs(module, spec["seed"], None, device)
         out, mutates = run_reference(model, inputs, device)
         return Trial(spec["seed"], spec["weight"], False, inputs, out, mutates)
     for strength in ADVERSARIAL_LADDER:
-        inputs = make_inputs(module, spec["seed"], strength)
+        inputs = make_inputs(module, spec["seed"], strength, device)
         out, mutates = run_reference(model, inputs, device)
         if all_finite(out) or not clean_finite:
             note = None if strength == ADVERSARIAL_LADDER[0] else f"milder outliers (x{strength[0]:g})"

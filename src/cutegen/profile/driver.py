@@ -42,7 +42,7 @@ def run(job: dict[str, Any], folder: Path) -> None:
         init_inputs = list(module.get_init_inputs())
         candidate, _ = import_and_build(job["source"], runtime)
         model = build_model(candidate.ModelNew, init_inputs, job["seed"], device)
-        inputs = to_device(make_inputs(module, job["seed"], None), device)
+        inputs = to_device(make_inputs(module, job["seed"], None, device), device)
         with torch.no_grad():
             for _ in range(job["warmup"]):
                 model(*inputs)
