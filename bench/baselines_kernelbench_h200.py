@@ -36,8 +36,9 @@ commands, with one input set, one warm-up call and no timed trials) and compile 
 the FX graph, AOT autograd and triton caches, which live in one folder under --work
 (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, set before any worker starts: workers keep those
 variables while their TMPDIR is fresh). Then the chunk is measured serially and its compile is a
-cache hit; each entry records how many FX graph cache entries its measurement added
-(`fx_graph_entries_added`: 0 means the precompile hit). Triton's autotuning results found during
+cache hit (the measuring workers compile in their own process, TORCHINDUCTOR_COMPILE_THREADS=1,
+so no compile worker starts beside them); each entry records how many FX graph cache entries its
+measurement added (`fx_graph_entries_added`: 0 means the precompile hit). Triton's autotuning results found during
 the parallel precompile (the device was shared) are deleted before the chunk is measured, so the
 measured compile tunes on an idle device, as it would alone. The precompile jobs share the host's
 memory by an estimate from each task's trace (KernelBench's largest inputs take 6.4 GB).
@@ -310,7 +311,8 @@ def precompile_job(task: Any, config: Any) -> dict[str, Any]:
     graph inductor compiles, and its cache key, are the ones the measurement will ask for."""
     from cutegen.evaluate.session import make_job
 
-    job = make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False)
+    job = make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
+                   keep_on_device=True)
     job["timing"] = {**job["timing"], "trials": 0, "warmup": 1, "input_sets": 1}
     return job
 
@@ -412,7 +414,8 @@ def precompile(units: list[tuple[Any, str]], configs_by_track: dict[str, Any], a
     # The jobs share the CPUs: a few compile threads each (compile_threads is not in inductor's cache key).
     threads = str(max(1, (os.cpu_count() or 2) // jobs))
     with environment(TORCHINDUCTOR_COMPILE_THREADS=threads), \
-            WorkerPool(args.device, warm_spares=False, **slots) as pool, ThreadPoolExecutor(jobs) as executor:
+            WorkerPool(args.device, warm_spares=False, warm_profiler=False, **slots) as pool, \
+            ThreadPoolExecutor(jobs) as executor:
         results = {(task.task_id, track): info for (task, track), info in zip(units, executor.map(one, units))}
     # Autotuning choices made while the device was shared would be reused by the measured compile.
     for path in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"):
@@ -554,7 +557,7 @@ class Runner:
 
         self.total = sum(len(tracks) for _, tracks, _ in todo)
         first = self.configs[self.args.tracks[0]]
-        with WorkerPool.for_config(first) as self.pool:
+        with WorkerPool.for_config(first, warm_profiler=False) as self.pool:  # no kernel audit here
             info = self.pool.info()
             check_device(self.state, info, self.args.state)
             self.peaks = self.load_peaks(first, info) or get_peaks(first.cache_dir, self.pool, first.run_timeout_s)
@@ -734,6 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before any worker exists: every worker (precompile and measurement) compiles into these folders.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(args.work / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(args.work / "triton"))
+    # The measuring workers compile in their own process: after the precompile every graph is a cache
+    # hit, which needs no compile worker processes (the precompile sets its own thread count).
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     if args.device == "cpu":
         # Inductor keeps the C++ precompiled headers of CPU kernels in the temp folder, which is fresh
         # in every worker: it rebuilt them (~7 s) at each compile even on a cache hit. It only makes

@@ -298,3 +298,14 @@ def test_cli_baseline_measures_then_resumes_from_cache(tmp_path, capsys, monkeyp
     main(args)
     assert files[0].stat().st_mtime_ns == stamp
     assert os.path.exists(files[0])
+
+
+def test_a_worker_that_keeps_references_on_the_device_refuses_a_candidate(pool, config):
+    from cutegen.evaluate.session import make_job
+
+    job = make_job(task("swish_scale"), config, trials=1, adversarial=0, weight_seeds=1, probe=False,
+                   exact=False, keep_on_device=True)
+    with pool.worker() as worker:
+        assert worker.call("reference", job, timeout_s=60)["ok"]
+        reply = worker.call("build", {"source": (HONEST / "swish_scale.py").read_text()}, timeout_s=60)
+    assert not reply["ok"] and "baselines only" in reply["error"]["message"]

@@ -44,10 +44,9 @@ def measure_baseline(model: Any, sets: list[Any], device: Any, spec: dict[str, A
 
 def _stop_compile_workers() -> None:
     """End inductor's compile worker processes before the compiled model is timed. torch.compile
-    starts them in the background even when every graph comes from the cache (one per CPU, each
-    importing torch), and they would share the host with the timed calls: on the H200 the compiled
-    cuBLAS GEMM of KernelBench level1/1 (TF32) was timed at 0.51 ms while they started, against
-    0.33 ms eager. A later recompile starts a new pool."""
+    starts them in the background even when every graph comes from the cache (up to one per CPU,
+    each importing torch), and they would compete for the host with the timed calls, whose launch
+    cost is part of the time. A later recompile starts a new pool."""
     from torch._inductor import async_compile
 
     stop = getattr(async_compile, "shutdown_compile_workers", None)
@@ -105,7 +104,7 @@ def _measure(task: Task, config: Any, worker: Any) -> Baselines:
     from cutegen.evaluate.worker import WorkerDied
 
     job = make_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1, probe=False,
-                   exact=False)
+                   exact=False, keep_on_device=True)
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 

@@ -84,8 +84,10 @@ def adversarial_like(x: Any, seed: int, outlier_scale: float, power: float) -> A
     return scaled.to(x.dtype)
 
 
-def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None, device: Any = None) -> list[Any]:
-    """The task's inputs for `seed` (host copies), optionally made heavy-tailed.
+def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None, device: Any = None,
+                home: Any = "cpu") -> list[Any]:
+    """The task's inputs for `seed`, optionally made heavy-tailed, as copies kept on `home` (the host
+    when a candidate will run: there it cannot reach them).
 
     With a CUDA `device`, get_inputs() runs with it as the default device, so the task's random
     tensors come from the device's generator: the host's is serial, and KernelBench's largest inputs
@@ -110,7 +112,7 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
         inputs = list(module.get_inputs())
     if adversarial is not None:
         inputs = [adversarial_like(x, seed + k, *adversarial) for k, x in enumerate(inputs)]
-    return to_device(inputs, "cpu")
+    return to_device(inputs, home)
 
 
 def build_model(cls: type, init_inputs: Sequence[Any], seed: int, device: Any) -> Any:
@@ -157,8 +159,9 @@ class Trial:
     exact_delta: Any = None  # float64 result minus the reference (`exact_delta`), or None
 
 
-def run_reference(model: Any, trial_inputs: list[Any], device: Any) -> tuple[Any, list[int]]:
-    """The reference output (host copy) for one set of inputs, and which inputs it mutated."""
+def run_reference(model: Any, trial_inputs: list[Any], device: Any, home: Any = "cpu") -> tuple[Any, list[int]]:
+    """The reference output (a copy on `home`, as the inputs) for one set of inputs, and which inputs
+    it mutated."""
     import torch
 
     from cutegen.evaluate.checks_dynamic import inputs_mutated
@@ -166,7 +169,7 @@ def run_reference(model: Any, trial_inputs: list[Any], device: Any) -> tuple[Any
     args = to_device(trial_inputs, device)
     with torch.no_grad():
         out = model(*args)
-    return to_device(out, "cpu"), inputs_mutated(trial_inputs, args)
+    return to_device(out, home), inputs_mutated(trial_inputs, args)
 
 
 def all_finite(value: Any) -> bool:
@@ -228,16 +231,18 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
     return (deltas[0] if isinstance(reference, torch.Tensor) else deltas), None
 
 
-def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_finite: bool) -> Trial:
-    """One trial's inputs and reference output; an adversarial trial whose reference overflows where
-    clean inputs do not is retried milder, then skipped (the task's domain forbids such inputs)."""
+def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_finite: bool,
+                    home: Any = "cpu") -> Trial:
+    """One trial's inputs and reference output, kept on `home`; an adversarial trial whose reference
+    overflows where clean inputs do not is retried milder, then skipped (the task's domain forbids
+    such inputs)."""
     if not spec["adversarial"]:
-        inputs = make_inputs(module, spec["seed"], None, device)
-        out, mutates = run_reference(model, inputs, device)
+        inputs = make_inputs(module, spec["seed"], None, device, home)
+        out, mutates = run_reference(model, inputs, device, home)
         return Trial(spec["seed"], spec["weight"], False, inputs, out, mutates)
     for strength in ADVERSARIAL_LADDER:
-        inputs = make_inputs(module, spec["seed"], strength, device)
-        out, mutates = run_reference(model, inputs, device)
+        inputs = make_inputs(module, spec["seed"], strength, device, home)
+        out, mutates = run_reference(model, inputs, device, home)
         if all_finite(out) or not clean_finite:
             note = None if strength == ADVERSARIAL_LADDER[0] else f"milder outliers (x{strength[0]:g})"
             return Trial(spec["seed"], spec["weight"], True, inputs, out, mutates, note)

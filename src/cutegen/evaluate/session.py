@@ -121,10 +121,13 @@ class Session:
                            for w in job["weight_seeds"]]
         self.ref_weights = [c.weight_state(m) for m in self.ref_models]
         plans = job["trials"]
-        first = c.reference_trial(self.module, self.ref_models[plans[0]["weight"]], plans[0], self.device, True)
+        # A baseline's worker never imports a candidate: its inputs need not wait on the host.
+        home = self.device if job.get("keep_on_device") else torch.device("cpu")
+        first = c.reference_trial(self.module, self.ref_models[plans[0]["weight"]], plans[0], self.device, True,
+                                  home)
         clean_finite = c.all_finite(first.reference)
         self.trials = [first] + [c.reference_trial(self.module, self.ref_models[p["weight"]], p, self.device,
-                                                   clean_finite) for p in plans[1:]]
+                                                   clean_finite, home) for p in plans[1:]]
         dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
         self.atol, self.rtol = job["tolerances"][dtype]
         exact_note = self._exact_deltas() if job.get("exact", True) else None
@@ -180,6 +183,8 @@ class Session:
     def build(self, candidate: dict[str, Any]) -> dict[str, Any]:
         import torch
 
+        if self.job.get("keep_on_device"):  # its references wait on the device, within a candidate's reach
+            raise RuntimeError("this worker keeps its references on the device: it measures baselines only")
         started = time.perf_counter()
         self.candidate, kernels = import_and_build(candidate["source"], self.runtime)
         model_new = getattr(self.candidate, "ModelNew", None)
@@ -396,9 +401,12 @@ def describe_error(err: BaseException) -> dict[str, Any]:
 
 
 def make_job(task: Any, config: Any, *, trials: int, adversarial: int, weight_seeds: int,
-             probe: bool, exact: bool = True) -> dict[str, Any]:
+             probe: bool, exact: bool = True, keep_on_device: bool = False) -> dict[str, Any]:
     """The `reference` command's payload: everything the worker needs, with fresh seeds. `exact`:
-    also run the reference in float64 (only a candidate's comparison uses it, not a baseline)."""
+    also run the reference in float64 (only a candidate's comparison uses it, not a baseline).
+    `keep_on_device`: keep the trials' inputs and references on the device, not on the host (only
+    for a baseline, where no candidate runs: KernelBench's 8 GB inputs took 16 s each to go to the
+    host and back)."""
     from dataclasses import replace
 
     from cutegen.config import HALF_DTYPES
@@ -416,6 +424,7 @@ def make_job(task: Any, config: Any, *, trials: int, adversarial: int, weight_se
         "trials": trial_plan(trials, adversarial, weight_seeds),
         "probe": probe,
         "exact": exact,
+        "keep_on_device": keep_on_device,
         # The evaluator's build timeout governs (failure "build_timeout"), not nvcc's own.
         "runtime": to_json(replace(config.runtime, nvcc_timeout_s=config.build_timeout_s + 30.0)),
         "timing": {"trials": config.timing_trials, "warmup": config.warmup_trials,
