@@ -90,9 +90,9 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
     when a candidate will run: there it cannot reach them).
 
     With a CUDA `device`, get_inputs() runs with it as the default device, so the task's random
-    tensors come from the device's generator: the host's is serial, and KernelBench's largest inputs
-    (8 GB of torch.rand) took ~20 s each there, against milliseconds on a GPU. The values differ from
-    a host draw of the same seed; every side of an evaluation gets copies of the same draw. A task
+    tensors come from the device's generator, in milliseconds: the host's is serial, which makes
+    KernelBench's largest inputs (8 GB of torch.rand) slow to draw. The values differ from a host
+    draw of the same seed; every side of an evaluation gets copies of the same draw. A task
     whose get_inputs() cannot run so (numpy on a tensor, not enough device memory) is drawn on the
     host.
     """
