@@ -31,17 +31,18 @@ seconds of the (task, track)s this run did (at least 20 s); what is left is prin
 torch.compile's CPU work (inductor and triton compiles: 20-30 s for a small task) would dominate the
 run, so it is paid ahead and in parallel. The tasks are taken in chunks of --chunk (task, track)s;
 for each chunk, --compile-jobs evaluator workers (fresh processes on the same device) build each
-reference and its inputs exactly as the baseline worker does (its `reference` and `baseline`
-commands, with one input set, one warm-up call and no timed trials) and compile it once. That fills
-the FX graph, AOT autograd and triton caches, which live in one folder under --work
-(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, set before any worker starts: workers keep those
-variables while their TMPDIR is fresh). Then the chunk is measured serially and its compile is a
-cache hit (the measuring workers compile in their own process, TORCHINDUCTOR_COMPILE_THREADS=1,
-so no compile worker starts beside them); each entry records how many FX graph cache entries its
-measurement added (`fx_graph_entries_added`: 0 means the precompile hit). Triton's autotuning results found during
-the parallel precompile (the device was shared) are deleted before the chunk is measured, so the
-measured compile tunes on an idle device, as it would alone. The precompile jobs share the host's
-memory by an estimate from each task's trace (KernelBench's largest inputs take 6.4 GB).
+reference and its inputs exactly as the baseline worker does (its `reference` command with one input
+set, then `baseline` with kind `compile`, the one call that compiles). That fills the FX graph, AOT
+autograd and triton caches, which live in one folder under --work (TORCHINDUCTOR_CACHE_DIR,
+TRITON_CACHE_DIR, set before any worker starts: workers keep those variables while their TMPDIR is
+fresh). Then the chunk is measured serially and its compile is a cache hit (the measuring workers
+compile in their own process, TORCHINDUCTOR_COMPILE_THREADS=1, so no compile worker starts beside
+them); each entry records how many FX graph cache entries its measurement added
+(`fx_graph_entries_added`: 0 means the precompile hit) and where its seconds went. Triton's
+autotuning results found during the parallel precompile (the device was shared) are deleted before
+the chunk is measured, so the measured compile tunes on an idle device, as it would alone. The
+precompile jobs share the host's memory by an estimate from each task's trace (KernelBench's largest
+inputs take 6.4 GB).
 
 --device cpu runs the same steps on the CPU (no speed-of-light bound there: the peaks are a GPU's);
 it is for checking the plumbing and the cache, not a measurement. KernelBench is found at
@@ -306,14 +307,15 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def precompile_job(task: Any, config: Any) -> dict[str, Any]:
-    """The baseline worker's `reference` payload (`baselines._measure`), cut down to one input set, one
-    warm-up call and no timed trials: the same model, inputs, track flags and grad mode, so the
-    graph inductor compiles, and its cache key, are the ones the measurement will ask for."""
+    """The baseline worker's `reference` payload (`baselines._measure`), cut down to one input set
+    (the `compile` command then makes the one call that compiles): the same model, inputs, track
+    flags and grad mode, so the graph inductor compiles, and its cache key, are the ones the
+    measurement will ask for."""
     from cutegen.evaluate.session import make_job
 
     job = make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
                    keep_on_device=True)
-    job["timing"] = {**job["timing"], "trials": 0, "warmup": 1, "input_sets": 1}
+    job["timing"] = {**job["timing"], "input_sets": 1}
     return job
 
 
@@ -328,7 +330,7 @@ def precompile_one(pool: Any, task: Any, config: Any, deadline: float) -> dict[s
             reply = worker.call("reference", precompile_job(task, config),
                                 timeout_s=min(config.reference_timeout_s, left_s))
             if reply.get("ok"):
-                reply = worker.call("baseline", {"kind": "compiled"}, timeout_s=min(config.run_timeout_s, left_s))
+                reply = worker.call("baseline", {"kind": "compile"}, timeout_s=min(config.run_timeout_s, left_s))
     except (WorkerDied, ToolchainError) as err:  # only a warm-up: the measurement will say what failed
         reply = {"ok": False, "error": {"message": str(err)}}
     error = (reply.get("data") or {}).get("compile_error") if reply.get("ok") else \
@@ -664,8 +666,8 @@ def progress_line(task: Any, track: str, row: dict[str, Any], seconds: float, do
                 f"{' (' + row['compile_error'][:80] + ')' if row.get('compile_error') else ''},"
                 f" SOL {ms({'median_ms': row['sol_bound_ms']}) if row.get('sol_bound_ms') else '-'},"
                 f" FX cache entries added {row.get('fx_graph_entries_added')}; seconds: reference"
-                f" {row.get('reference_s')}, settle {row.get('settle_s')}, eager {row.get('eager_s')},"
-                f" compile {row.get('compiled_s')}")
+                f" {row.get('reference_s')}, compile {row.get('compile_s')}, settle {row.get('settle_s')},"
+                f" eager {row.get('eager_s')}, compiled {row.get('compiled_s')}")
     return f"[{done}/{total}] {task.task_id} {track}: {what} ({seconds:.1f} s)"
 
 

@@ -77,7 +77,7 @@ def test_the_compiled_baseline_is_timed_with_no_compile_workers_alive(monkeypatc
     monkeypatch.setattr(baselines, "time_forward", spy)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()).cuda()
     sets = [[torch.randn(64, 256, device="cuda")]]
-    data = baselines.measure_baseline(model, sets, torch.device("cuda", 0), {"trials": 5, "warmup": 2},
-                                      "compiled")
-    assert data.get("compile_error") is None and len(data["compiled"]) == 5
-    assert alive == [set()]
+    compiled, error = baselines.compile_reference(model, sets)
+    assert error is None
+    times = baselines.time_baseline(compiled, sets, torch.device("cuda", 0), {"trials": 5, "warmup": 2})
+    assert len(times) == 5 and alive == [set()]

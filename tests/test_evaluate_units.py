@@ -3,6 +3,7 @@ adversarial inputs, tolerances, the worker environment, the parent's judgement o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -179,6 +180,60 @@ def test_baselines_cache_round_trip(tmp_path):
     save_json(path, to_json(record))
     assert load_baselines(path) == record
     assert load_baselines(tmp_path / "missing.json") is None
+
+
+class _FakeWorker:
+    """Answers the baseline commands as a worker would, logging them; `die_at` raises WorkerDied."""
+
+    info = {"device_name": "fake", "torch_version": "0"}
+
+    def __init__(self, log: list[str], die_at: str | None = None) -> None:
+        self.log, self.die_at = log, die_at
+
+    def settle(self) -> None:
+        self.log.append("settle")
+
+    def call(self, command: str, payload: dict, timeout_s: float) -> dict:
+        from cutegen.evaluate.worker import WorkerDied
+
+        name = command if command == "reference" else payload["kind"]
+        self.log.append(name)
+        if name == self.die_at:
+            raise WorkerDied("worker_crashed", "was killed by SIGSEGV")
+        data = {"reference": {}, "compile": {"compiled": None, "compile_error": None},
+                "eager": {"eager": [1.0, 1.0], "eager_repeat": [1.0, 1.0]},
+                "compiled": {"compiled": [0.5, 0.5], "compile_error": None}}[name]
+        return {"ok": True, "data": data}
+
+
+class _FakePool:
+    def __init__(self, workers: list[_FakeWorker]) -> None:
+        self.workers = workers
+
+    def info(self) -> dict:
+        return _FakeWorker.info
+
+    @contextlib.contextmanager
+    def worker(self):
+        yield self.workers.pop(0)
+
+
+def test_baselines_compile_before_the_settle_and_a_compile_that_kills_its_worker_keeps_eager(tmp_path):
+    from cutegen.evaluate.baselines import get_baselines
+
+    task = load_task(REPO / "examples" / "tasks" / "swish_scale.py")
+    config = EvalConfig(device="cpu", backend="torch", cache_dir=tmp_path)
+    log: list[str] = []
+    measured = get_baselines(task, config, _FakePool([_FakeWorker(log)]))
+    # the pool's new spare starts during the compile; nothing is timed before the settle
+    assert log == ["reference", "compile", "settle", "eager", "compiled"]
+    assert measured.compiled.median_ms == 0.5 and measured.compile_error is None
+    assert None not in (measured.reference_s, measured.compile_s, measured.settle_s, measured.compiled_s)
+    log.clear()
+    died = get_baselines(task, EvalConfig(device="cpu", backend="torch", cache_dir=tmp_path / "b"),
+                         _FakePool([_FakeWorker(log, die_at="compile"), _FakeWorker(log)]))
+    assert log == ["reference", "compile", "reference", "settle", "eager"]
+    assert died.eager.median_ms == 1.0 and died.compiled is None and "SIGSEGV" in died.compile_error
 
 
 def test_runtime_config_survives_the_channel():

@@ -190,9 +190,11 @@ class Baselines:
     compiled: TimingStats | None  # None when not asked for or when torch.compile failed
     compile_error: str | None = None
     noise_pct: float | None = None  # |eager - eager_repeat| / min of the medians, in percent
-    # Wall seconds of the measurement's parts: the reference (model, inputs, outputs), the wait for
-    # the pool's new spare worker, eager timed twice, torch.compile (its compile and its timing).
+    # Wall seconds of the measurement's parts, in their order: the reference (model, inputs,
+    # outputs), torch.compile and its first call, the wait for the pool's new spare worker, eager
+    # timed twice, the compiled model timed.
     reference_s: float | None = None
+    compile_s: float | None = None
     settle_s: float | None = None
     eager_s: float | None = None
     compiled_s: float | None = None

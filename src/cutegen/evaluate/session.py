@@ -106,6 +106,7 @@ class Session:
         self.state_before: Any = None
         self.threads_before: Any = None
         self.baseline_sets: list[Any] | None = None  # eager and compiled are timed on the same device copies
+        self.compiled: tuple[Any, str | None] | None = None  # (torch.compile'd reference, its error)
 
     # -- reference (before the candidate exists in this process)
 
@@ -250,12 +251,23 @@ class Session:
                         "idle_ms": run.idle_ms, "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
 
     def baseline(self, payload: dict[str, Any]) -> dict[str, Any]:
-        from cutegen.evaluate.baselines import measure_baseline
+        """`kind`: "compile" (torch.compile and its first call), "eager" (timed twice) or "compiled"
+        (timed; compiled first if "compile" was not asked for)."""
+        from cutegen.evaluate.baselines import compile_reference, time_baseline
 
-        if self.baseline_sets is None:  # one host-to-device copy: 24 GB for KernelBench's largest inputs
+        if self.baseline_sets is None:  # one copy of the trials' inputs for every kind
             self.baseline_sets, _ = self.timing_sets()
-        return measure_baseline(self.ref_models[0], self.baseline_sets, self.device, self.job["timing"],
-                                payload["kind"])
+        model, kind = self.ref_models[0], payload["kind"]
+        if kind == "eager":
+            return {"eager": time_baseline(model, self.baseline_sets, self.device, self.job["timing"]),
+                    "eager_repeat": time_baseline(model, self.baseline_sets, self.device, self.job["timing"])}
+        if self.compiled is None:
+            self.compiled = compile_reference(model, self.baseline_sets)
+        compiled, error = self.compiled
+        if kind == "compile" or compiled is None:
+            return {"compiled": None, "compile_error": error}
+        return {"compiled": time_baseline(compiled, self.baseline_sets, self.device, self.job["timing"]),
+                "compile_error": None}
 
 
 def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any]]]:
