@@ -559,7 +559,8 @@ class Runner:
 
         self.total = sum(len(tracks) for _, tracks, _ in todo)
         first = self.configs[self.args.tracks[0]]
-        with WorkerPool.for_config(first, warm_profiler=False) as self.pool:  # no kernel audit here
+        # No kernel audit here; each spare imports torch.compile's machinery during the compile before it.
+        with WorkerPool.for_config(first, warm_profiler=False, warm_compile=self.args.compile) as self.pool:
             info = self.pool.info()
             check_device(self.state, info, self.args.state)
             self.peaks = self.load_peaks(first, info) or get_peaks(first.cache_dir, self.pool, first.run_timeout_s)

@@ -309,3 +309,9 @@ def test_a_worker_that_keeps_references_on_the_device_refuses_a_candidate(pool, 
         assert worker.call("reference", job, timeout_s=60)["ok"]
         reply = worker.call("build", {"source": (HONEST / "swish_scale.py").read_text()}, timeout_s=60)
     assert not reply["ok"] and "baselines only" in reply["error"]["message"]
+
+
+def test_a_pool_for_compiled_baselines_warms_torch_compile_in_its_spares(pool):
+    assert pool.info()["compile_warmed"] is False  # the default pool does not pay for it
+    with WorkerPool("cpu", warm_compile=True) as warmed:
+        assert warmed.info()["compile_warmed"] is True
