@@ -559,7 +559,7 @@ class Runner:
 
         self.total = sum(len(tracks) for _, tracks, _ in todo)
         first = self.configs[self.args.tracks[0]]
-        # No kernel audit here; each spare imports torch.compile's machinery during the compile before it.
+        # No kernel audit here; a spare imports torch.compile's machinery while the job before it compiles.
         with WorkerPool.for_config(first, warm_profiler=False, warm_compile=self.args.compile) as self.pool:
             info = self.pool.info()
             check_device(self.state, info, self.args.state)
