@@ -307,16 +307,14 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def precompile_job(task: Any, config: Any) -> dict[str, Any]:
-    """The baseline worker's `reference` payload (`baselines._measure`), cut down to one input set
-    (the `compile` command then makes the one call that compiles): the same model, inputs, track
-    flags and grad mode, so the graph inductor compiles, and its cache key, are the ones the
+    """The baseline worker's `reference` payload (`baselines._measure`), cut down to one trial, so one
+    input set (the `compile` command then makes the one call that compiles): the same model, inputs,
+    track flags and grad mode, so the graph inductor compiles, and its cache key, are the ones the
     measurement will ask for."""
     from cutegen.evaluate.session import make_job
 
-    job = make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
-                   keep_on_device=True)
-    job["timing"] = {**job["timing"], "input_sets": 1}
-    return job
+    return make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
+                    keep_on_device=True)
 
 
 def precompile_one(pool: Any, task: Any, config: Any, deadline: float) -> dict[str, Any]:

@@ -116,9 +116,10 @@ def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, re
     """
     import torch
 
-    outs, refs = flatten_outputs(outputs), flatten_outputs(ref_outputs)
-    total = sum(_leaf(r).numel() for r in refs)
-    shapes_ok = len(outs) == len(refs) and all(_leaf(o).shape == _leaf(r).shape for o, r in zip(outs, refs))
+    outs = [_leaf(o) for o in flatten_outputs(outputs)]  # once: a conjugate view is copied to resolve
+    refs = [_leaf(r) for r in flatten_outputs(ref_outputs)]
+    total = sum(r.numel() for r in refs)
+    shapes_ok = len(outs) == len(refs) and all(o.shape == r.shape for o, r in zip(outs, refs))
     if not shapes_ok:
         return ErrorStats(math.inf, math.inf, math.inf, total, total, atol, rtol)
     max_abs = max_rel = 0.0
@@ -151,9 +152,10 @@ def first_mismatches(
     lines: list[str] = []
     refs = flatten_outputs(ref_outputs)
     for k, (out, ref, delta) in enumerate(zip(flatten_outputs(outputs), refs, _deltas(ref_delta, len(refs)))):
-        shape = tuple(_leaf(ref).shape)
-        if tuple(_leaf(out).shape) != shape:
-            lines.append(f"output[{k}]: shape {tuple(_leaf(out).shape)}, expected {shape}")
+        out, ref = _leaf(out), _leaf(ref)
+        shape = tuple(ref.shape)
+        if tuple(out.shape) != shape:
+            lines.append(f"output[{k}]: shape {tuple(out.shape)}, expected {shape}")
             continue
         for start, o, r, d in _chunks(out, ref, delta):
             bad = _failing(o, r, _abs_diff(o, r), d, atol, rtol)[0].nonzero().flatten()

@@ -105,7 +105,6 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
             with torch.device(device):
                 inputs = list(module.get_inputs())
         except Exception:  # noqa: BLE001 - the host draw below raises the task's own error, if any
-            inputs = None
             torch.cuda.empty_cache()
     if inputs is None:
         torch.manual_seed(seed)

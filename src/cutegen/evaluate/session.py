@@ -258,16 +258,18 @@ class Session:
         if self.baseline_sets is None:  # one copy of the trials' inputs for every kind
             self.baseline_sets, _ = self.timing_sets()
         model, kind = self.ref_models[0], payload["kind"]
+
+        def timed(fn: Any) -> list[float]:
+            return time_baseline(fn, self.baseline_sets, self.device, self.job["timing"])
+
         if kind == "eager":
-            return {"eager": time_baseline(model, self.baseline_sets, self.device, self.job["timing"]),
-                    "eager_repeat": time_baseline(model, self.baseline_sets, self.device, self.job["timing"])}
+            return {"eager": timed(model), "eager_repeat": timed(model)}
         if self.compiled is None:
             self.compiled = compile_reference(model, self.baseline_sets)
         compiled, error = self.compiled
         if kind == "compile" or compiled is None:
             return {"compiled": None, "compile_error": error}
-        return {"compiled": time_baseline(compiled, self.baseline_sets, self.device, self.job["timing"]),
-                "compile_error": None}
+        return {"compiled": timed(compiled), "compile_error": None}
 
 
 def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any]]]:
