@@ -7,9 +7,9 @@
 
 For every task of the chosen levels and each precision track (fp32: TF32 off; tf32: TF32 on):
 - the eager and torch.compile baselines by cutegen's own protocol, through the evaluator's own path
-  (`cutegen.evaluate.baselines.get_baselines`: a fresh worker per task, `timing.time_forward`, eager
-  timed twice, the result also cached under --cache), one task at a time, so nothing else uses the
-  device while something is timed;
+  (`cutegen.evaluate.baselines.get_baselines`: one worker that measures task after task, as
+  `cutegen baseline` does, `timing.time_forward`, eager timed twice, the result also cached under
+  --cache), one task at a time, so nothing else uses the device while something is timed;
 - the speed-of-light bound (`cutegen.evaluate.sol`: the device's peaks, measured once, and the
   task's meta-tensor trace), as the evaluator computes it for a candidate, and the fraction of it
   that eager and torch.compile reach;
@@ -30,9 +30,10 @@ seconds of the (task, track)s this run did (at least 20 s); what is left is prin
 
 torch.compile's CPU work (inductor and triton compiles: 20-30 s for a small task) would dominate the
 run, so it is paid ahead and in parallel. The tasks are taken in chunks of --chunk (task, track)s;
-for each chunk, --compile-jobs evaluator workers (fresh processes on the same device) build each
-reference and its inputs exactly as the baseline worker does (its `reference` command with one input
-set, then `baseline` with kind `compile`, the one call that compiles). That fills the FX graph, AOT
+for each chunk, --compile-jobs evaluator workers (processes on the same device, each one compiling
+task after task as the measuring worker does) build each reference and its inputs exactly as the
+baseline worker does (its `reference` command with one input set, then `baseline` with kind
+`compile`, the one call that compiles, then `release`). That fills the FX graph, AOT
 autograd and triton caches, which live in one folder under --work (TORCHINDUCTOR_CACHE_DIR,
 TRITON_CACHE_DIR, set before any worker starts: workers keep those variables while their TMPDIR is
 fresh). Then the chunk is measured serially and its compile is a cache hit (the measuring workers
@@ -317,20 +318,23 @@ def precompile_job(task: Any, config: Any) -> dict[str, Any]:
                     keep_on_device=True)
 
 
-def precompile_one(pool: Any, task: Any, config: Any, deadline: float) -> dict[str, Any]:
+def precompile_one(held: Any, task: Any, config: Any, deadline: float) -> dict[str, Any]:
+    """Compile one (task, track) in `held`'s worker (a `baselines.BaselineWorker`), which it releases."""
     from cutegen.errors import ToolchainError
     from cutegen.evaluate.worker import WorkerDied
 
     started = time.perf_counter()
     left_s = max(30.0, deadline - time.monotonic())
     try:
-        with pool.worker() as worker:
-            reply = worker.call("reference", precompile_job(task, config),
-                                timeout_s=min(config.reference_timeout_s, left_s))
-            if reply.get("ok"):
-                reply = worker.call("baseline", {"kind": "compile"}, timeout_s=min(config.run_timeout_s, left_s))
+        worker = held.take()
+        reply = worker.call("reference", precompile_job(task, config),
+                            timeout_s=min(config.reference_timeout_s, left_s))
+        if reply.get("ok"):
+            reply = worker.call("baseline", {"kind": "compile"}, timeout_s=min(config.run_timeout_s, left_s))
     except (WorkerDied, ToolchainError) as err:  # only a warm-up: the measurement will say what failed
         reply = {"ok": False, "error": {"message": str(err)}}
+    finally:
+        held.release(min(config.run_timeout_s, left_s))
     error = (reply.get("data") or {}).get("compile_error") if reply.get("ok") else \
         f"{(reply.get('error') or {}).get('type', '')}: {(reply.get('error') or {}).get('message', '')}"
     return {"s": round(time.perf_counter() - started, 2), "ok": error is None,
@@ -397,26 +401,36 @@ def environment(**values: str) -> Iterator[None]:
 
 def precompile(units: list[tuple[Any, str]], configs_by_track: dict[str, Any], args: argparse.Namespace,
                deadline: float, traces: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Compile every (task, track) of a chunk once, --compile-jobs at a time, each in a fresh worker."""
+    """Compile every (task, track) of a chunk once: --compile-jobs lanes, each a worker that takes the
+    next unit of the chunk when it has compiled one."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from cutegen.evaluate.baselines import BaselineWorker
     from cutegen.evaluate.worker import WorkerPool
 
     jobs = max(1, min(args.compile_jobs, len(units)))
     slots = {"gpus": (args.gpu,) * jobs} if args.device == "cuda" else {"cpu_slots": jobs}
     gate = MemoryGate(int(0.6 * available_memory_bytes()))
+    queue, lock = list(units), threading.Lock()
+    results: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def one(unit: tuple[Any, str]) -> dict[str, Any]:
-        task, track = unit
-        with gate.hold(MemoryGate.need(traces.get(task.task_id))):
-            return precompile_one(pool, task, configs_by_track[track], deadline)
+    def lane() -> None:
+        with BaselineWorker(pool) as held:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    task, track = queue.pop(0)
+                with gate.hold(MemoryGate.need(traces.get(task.task_id))):
+                    results[(task.task_id, track)] = precompile_one(held, task, configs_by_track[track], deadline)
 
     # The jobs share the CPUs: a few compile threads each (compile_threads is not in inductor's cache key).
     threads = str(max(1, (os.cpu_count() or 2) // jobs))
     with environment(TORCHINDUCTOR_COMPILE_THREADS=threads), \
-            WorkerPool(args.device, warm_spares=False, warm_profiler=False, **slots) as pool, \
+            WorkerPool(args.device, warm_spares=False, warm_profiler=False, warm_compile=True, **slots) as pool, \
             ThreadPoolExecutor(jobs) as executor:
-        results = {(task.task_id, track): info for (task, track), info in zip(units, executor.map(one, units))}
+        for lane_done in [executor.submit(lane) for _ in range(jobs)]:
+            lane_done.result()
     # Autotuning choices made while the device was shared would be reused by the measured compile.
     for path in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"):
         path.unlink(missing_ok=True)
@@ -428,7 +442,7 @@ def fx_graph_entries() -> int:
     return sum(1 for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-def measure(task: Any, track: str, config: Any, pool: Any, peaks: Any, trace: Any,
+def measure(task: Any, track: str, config: Any, pool: Any, held: Any, peaks: Any, trace: Any,
             precision: str | None) -> dict[str, Any]:
     """One (task, track): the baselines through the evaluator's path, then the speed-of-light fields."""
     from cutegen.errors import TaskError
@@ -437,7 +451,7 @@ def measure(task: Any, track: str, config: Any, pool: Any, peaks: Any, trace: An
 
     before, started = fx_graph_entries(), time.perf_counter()
     try:
-        baselines = get_baselines(task, config, pool)
+        baselines = get_baselines(task, config, pool, held)
     except TaskError as err:  # the reference fails: a fact about the task, recorded; the run goes on
         return {"error": err.problem[:2000], "seconds": round(time.perf_counter() - started, 2)}
     row = {k: v for k, v in to_json(baselines).items() if k not in ("task_id", "task_sha256", "track")}
@@ -524,6 +538,7 @@ class Runner:
         self.deadline = time.monotonic() + args.budget_s
         self.unit_s: list[float] = []  # seconds per (task, track) of this run, the precompile's share included
         self.pool: Any = None
+        self.held: Any = None  # the measuring worker, kept from task to task (baselines.BaselineWorker)
         self.peaks: Any = None
         self.probe_ok = args.probe
         self.traces: dict[str, Any] = {}  # task id -> TaskTrace, or why it failed
@@ -551,14 +566,17 @@ class Runner:
         self.save()
 
     def execute(self, todo: list[tuple[Any, list[str], bool]]) -> None:
+        from cutegen.evaluate.baselines import BaselineWorker
         from cutegen.evaluate.sol import get_peaks
         from cutegen.evaluate.worker import WorkerPool
         from cutegen.records import to_json
 
         self.total = sum(len(tracks) for _, tracks, _ in todo)
         first = self.configs[self.args.tracks[0]]
-        # No kernel audit here; a spare imports torch.compile's machinery while the job before it compiles.
-        with WorkerPool.for_config(first, warm_profiler=False, warm_compile=self.args.compile) as self.pool:
+        # No kernel audit here. One worker measures task after task; its spare, which takes over when it
+        # dies, imports torch.compile's machinery while it waits.
+        with WorkerPool.for_config(first, warm_profiler=False, warm_compile=self.args.compile) as self.pool, \
+                BaselineWorker(self.pool) as self.held:
             info = self.pool.info()
             check_device(self.state, info, self.args.state)
             self.peaks = self.load_peaks(first, info) or get_peaks(first.cache_dir, self.pool, first.run_timeout_s)
@@ -633,7 +651,7 @@ class Runner:
         for track in tracks:
             if self.left_s() < self.estimate_s():
                 return False
-            row = measure(task, track, self.configs[track], self.pool, self.peaks, trace, precision)
+            row = measure(task, track, self.configs[track], self.pool, self.held, self.peaks, trace, precision)
             row["precompile"] = warm.get((task.task_id, track))
             self.add(task, track, row)
             self.done += 1
@@ -666,7 +684,8 @@ def progress_line(task: Any, track: str, row: dict[str, Any], seconds: float, do
                 f" SOL {ms({'median_ms': row['sol_bound_ms']}) if row.get('sol_bound_ms') else '-'},"
                 f" FX cache entries added {row.get('fx_graph_entries_added')}; seconds: reference"
                 f" {row.get('reference_s')}, compile {row.get('compile_s')}, settle {row.get('settle_s')},"
-                f" eager {row.get('eager_s')}, compiled {row.get('compiled_s')}")
+                f" eager {row.get('eager_s')}, compiled {row.get('compiled_s')}; job {row.get('worker_job')} of its"
+                f" worker")
     return f"[{done}/{total}] {task.task_id} {track}: {what} ({seconds:.1f} s)"
 
 
@@ -708,8 +727,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tracks", default="fp32,tf32")
     parser.add_argument("--select", help="tasks, as cutegen's --select: level1/19, level2:1-20, '*relu*' (comma list)")
     parser.add_argument("--budget-s", type=float, default=530.0)
-    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2 - 1),
-                        help="parallel precompile workers (0: no precompile)")
+    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                        help="parallel precompile workers (default: the CPUs less two, so one compile thread"
+                             " each; 0: no precompile)")
     parser.add_argument("--chunk", type=int, default=None, help="(task, track)s per precompile chunk"
                         " (default: twice --compile-jobs)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cutegen-baselines-h200",

@@ -1,6 +1,6 @@
 """Inputs and baselines on a CUDA device: the task's inputs are drawn by the device's generator (a
-task whose get_inputs cannot run there is drawn on the host), and the compiled baseline is timed
-with no compile worker process alive."""
+task whose get_inputs cannot run there is drawn on the host), the compiled baseline is timed with no
+compile worker process alive, and one worker measures task after task."""
 
 from __future__ import annotations
 
@@ -81,3 +81,23 @@ def test_the_compiled_baseline_is_timed_with_no_compile_workers_alive(monkeypatc
     assert error is None
     times = baselines.time_baseline(compiled, sets, torch.device("cuda", 0), {"trials": 5, "warmup": 2})
     assert len(times) == 5 and alive == [set()]
+
+
+def test_one_baseline_worker_measures_two_tasks_and_frees_the_device_between_them(tmp_path):
+    pytest.importorskip("triton")
+    from cutegen.config import EvalConfig
+    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
+    from cutegen.evaluate.worker import WorkerPool
+    from cutegen.tasks import load_task
+
+    tasks = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+    config = EvalConfig(device="cuda", cache_dir=tmp_path, timing_trials=10, warmup_trials=2)
+    with WorkerPool("cuda", warm_profiler=False, warm_compile=True) as pool, BaselineWorker(pool) as held:
+        first = get_baselines(load_task(tasks / "swish_scale.py"), config, pool, held)
+        worker = held.worker
+        second = get_baselines(load_task(tasks / "layer_norm.py"), config, pool, held)
+        # still held: its release found no device memory left allocated by the first task
+        assert held.worker is worker and (first.worker_job, second.worker_job) == (1, 2)
+    for measured in (first, second):
+        assert measured.eager.median_ms > 0 and measured.compile_error is None, measured.compile_error
+        assert measured.compiled.median_ms > 0

@@ -71,6 +71,8 @@ def test_both_tracks_have_eager_and_compile_results_and_the_manifest(first_run):
     assert sorted(run["added"]) == ["level1/1:fp32", "level1/1:probe", "level1/1:tf32"]
     assert run["manifest"] == data["manifest"] and run["finished_utc"]
     assert "[2/2] level1/1 tf32" in stdout
+    # one worker measured both tracks, one after the other
+    assert (tracks["fp32"]["worker_job"], tracks["tf32"]["worker_job"]) == (1, 2)
     assert (first_run[0] / "out" / RESULT.replace(".json", ".md")).read_text().count("| level1/1 ") == 1
 
 

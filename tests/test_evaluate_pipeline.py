@@ -311,6 +311,31 @@ def test_a_worker_that_keeps_references_on_the_device_refuses_a_candidate(pool, 
     assert not reply["ok"] and "baselines only" in reply["error"]["message"]
 
 
+def test_a_released_baseline_worker_takes_the_next_task_and_no_other_worker_takes_a_second_job(pool, config):
+    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
+    from cutegen.evaluate.session import make_job
+
+    timed = replace(config, timing_trials=3, warmup_trials=1, compile_baseline=False)
+    with BaselineWorker(pool) as held:
+        first = get_baselines(task("swish_scale"), timed, pool, held)
+        worker = held.worker
+        second = get_baselines(task("row_softmax"), replace(timed, track="tf32"), pool, held)
+        assert held.worker is worker and not worker.closed  # one process for both tasks
+        assert first.eager.trials == second.eager.trials == 3 and second.track == "tf32"
+        assert (first.worker_job, second.worker_job) == (1, 2)  # each record says its worker was reused
+        # released, it still refuses a candidate's job
+        candidate = make_job(task("swish_scale"), config, trials=1, adversarial=0, weight_seeds=1, probe=False)
+        refused = worker.call("reference", candidate, timeout_s=60)
+        assert not refused["ok"] and "fresh worker" in refused["error"]["message"]
+    assert worker.closed
+    with pool.worker() as used:  # a candidate's worker never takes a second job, released or not
+        assert used.call("reference", candidate, timeout_s=60)["ok"]
+        assert used.call("release", timeout_s=60)["ok"]
+        again = used.call("reference", make_job(task("swish_scale"), config, trials=1, adversarial=0,
+                                                weight_seeds=1, probe=False, keep_on_device=True), timeout_s=60)
+    assert not again["ok"] and "fresh worker" in again["error"]["message"]
+
+
 def test_a_pool_for_compiled_baselines_warms_torch_compile_in_its_spares(pool):
     assert pool.info()["compile_warmed"] is False  # the default pool does not pay for it
     with WorkerPool("cpu", warm_compile=True) as warmed:

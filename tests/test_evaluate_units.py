@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
-from cutegen.errors import ConfigError
+from cutegen.errors import ConfigError, TaskError
 from cutegen.evaluate import correctness, sol, timing
 from cutegen.evaluate.worker import worker_environment
 from cutegen.records import Peaks, TimingStats
@@ -183,39 +184,49 @@ def test_baselines_cache_round_trip(tmp_path):
 
 
 class _FakeWorker:
-    """Answers the baseline commands as a worker would, logging them; `die_at` raises WorkerDied."""
+    """Answers the baseline commands as a worker would, logging them; `die_at` raises WorkerDied (and
+    closes the worker, as a real one is killed), `leak_bytes` is what its release reports allocated."""
 
     info = {"device_name": "fake", "torch_version": "0"}
 
-    def __init__(self, log: list[str], die_at: str | None = None) -> None:
-        self.log, self.die_at = log, die_at
+    def __init__(self, log: list[str], die_at: str | None = None, leak_bytes: int = 0) -> None:
+        self.log, self.die_at, self.leak_bytes, self.closed = log, die_at, leak_bytes, False
 
     def settle(self) -> None:
         self.log.append("settle")
 
-    def call(self, command: str, payload: dict, timeout_s: float) -> dict:
+    def call(self, command: str, payload: dict | None = None, *, timeout_s: float) -> dict:
         from cutegen.evaluate.worker import WorkerDied
 
-        name = command if command == "reference" else payload["kind"]
+        assert not self.closed, "a closed worker was called"
+        name = command if command in ("reference", "release") else payload["kind"]
         self.log.append(name)
         if name == self.die_at:
+            self.closed = True
             raise WorkerDied("worker_crashed", "was killed by SIGSEGV")
-        data = {"reference": {}, "compile": {"compiled": None, "compile_error": None},
+        data = {"reference": {}, "release": {"allocated_bytes": self.leak_bytes},
+                "compile": {"compiled": None, "compile_error": None},
                 "eager": {"eager": [1.0, 1.0], "eager_repeat": [1.0, 1.0]},
                 "compiled": {"compiled": [0.5, 0.5], "compile_error": None}}[name]
-        return {"ok": True, "data": data}
+        return {"ok": True, "data": data, "cuda_ok": True}
 
 
 class _FakePool:
     def __init__(self, workers: list[_FakeWorker]) -> None:
         self.workers = workers
+        self.taken = 0
 
     def info(self) -> dict:
         return _FakeWorker.info
 
     @contextlib.contextmanager
     def worker(self):
-        yield self.workers.pop(0)
+        self.taken += 1
+        worker = self.workers.pop(0)
+        try:
+            yield worker
+        finally:
+            worker.closed = True
 
 
 def test_baselines_compile_before_the_settle_and_a_compile_that_kills_its_worker_keeps_eager(tmp_path):
@@ -226,14 +237,35 @@ def test_baselines_compile_before_the_settle_and_a_compile_that_kills_its_worker
     log: list[str] = []
     measured = get_baselines(task, config, _FakePool([_FakeWorker(log)]))
     # the pool's new spare starts during the compile; nothing is timed before the settle
-    assert log == ["reference", "compile", "settle", "eager", "compiled"]
+    assert log == ["reference", "compile", "settle", "eager", "compiled", "release"]
     assert measured.compiled.median_ms == 0.5 and measured.compile_error is None
     assert None not in (measured.reference_s, measured.compile_s, measured.settle_s, measured.compiled_s)
     log.clear()
     died = get_baselines(task, EvalConfig(device="cpu", backend="torch", cache_dir=tmp_path / "b"),
                          _FakePool([_FakeWorker(log, die_at="compile"), _FakeWorker(log)]))
-    assert log == ["reference", "compile", "reference", "settle", "eager"]
+    assert log == ["reference", "compile", "reference", "settle", "eager", "release"]
     assert died.eager.median_ms == 1.0 and died.compiled is None and "SIGSEGV" in died.compile_error
+
+
+def test_a_suite_shares_one_baseline_worker_until_it_dies_or_leaks_device_memory(tmp_path):
+    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
+
+    tasks = [load_task(REPO / "examples" / "tasks" / f"{name}.py") for name in ("swish_scale", "matmul", "row_softmax")]
+    log: list[str] = []
+    leaky, dying, fresh = _FakeWorker(log, leak_bytes=512), _FakeWorker(log, die_at="eager"), _FakeWorker(log)
+    pool = _FakePool([leaky, dying, fresh])
+    config = EvalConfig(device="cpu", backend="torch", cache_dir=tmp_path, compile_baseline=False)
+    with BaselineWorker(pool) as held:
+        first = get_baselines(tasks[0], config, pool, held)
+        assert pool.taken == 1 and leaky.closed  # it kept 512 bytes on the device after its release
+        with pytest.raises(TaskError, match="failed"):
+            get_baselines(tasks[1], config, pool, held)
+        assert pool.taken == 2 and dying.closed and held.worker is None
+        get_baselines(tasks[2], config, pool, held)
+        get_baselines(tasks[0], replace(config, track="tf32"), pool, held)
+        assert pool.taken == 3 and held.worker is fresh and not fresh.closed  # two tasks, one worker
+    assert fresh.closed and first.eager.median_ms == 1.0
+    assert log.count("release") == 3 and log[-4:] == ["reference", "settle", "eager", "release"]
 
 
 def test_runtime_config_survives_the_channel():

@@ -198,6 +198,7 @@ class Baselines:
     settle_s: float | None = None
     eager_s: float | None = None
     compiled_s: float | None = None
+    worker_job: int | None = None  # which job of its worker this was: 1 in a fresh worker (see BaselineWorker)
 
 
 @dataclass(frozen=True)

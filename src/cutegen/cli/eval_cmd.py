@@ -137,7 +137,7 @@ def baseline_command(
     from rich.progress import Progress
 
     from cutegen.errors import TaskError
-    from cutegen.evaluate.baselines import get_baselines
+    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
     from cutegen.evaluate.worker import WorkerPool
     from cutegen.records import to_json
     from cutegen.tasks import load_tasks
@@ -146,10 +146,12 @@ def baseline_command(
                           compile_baseline=compile_baseline, timing_trials=timing_trials, gpus=(gpu,))
     tasks = load_tasks(suite, select)
     rows: list[tuple[Any, Any, str | None]] = []
-    with WorkerPool.for_config(config) as pool, Progress(console=stderr, transient=True) as progress:
+    # One worker measures task after task (it never sees a candidate); no kernel audit needs its profiler.
+    with WorkerPool.for_config(config, warm_profiler=False, warm_compile=compile_baseline) as pool, \
+            BaselineWorker(pool) as held, Progress(console=stderr, transient=True) as progress:
         for task in progress.track(tasks, description="baselines"):
             try:
-                rows.append((task, get_baselines(task, config, pool), None))
+                rows.append((task, get_baselines(task, config, pool, held), None))
             except TaskError as err:  # one broken task must not stop the suite
                 rows.append((task, None, err.problem))
     if as_json:

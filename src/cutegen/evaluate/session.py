@@ -3,13 +3,16 @@
 For a candidate the parent sends `reference` (task, seeds, settings: reference outputs for every
 trial are computed here, before the candidate is imported, and the global state is snapshotted),
 then `build` (import the candidate, build its CuTe kernels), `correctness`, `anticheat` and
-`timing`. A baseline measurement is `reference` then `baseline`; `peaks` and `prebuild` stand alone.
+`timing`. A baseline measurement is `reference` then `baseline`, and `release` ends it: a worker
+that has only measured baselines takes the next task's `reference`, a worker that saw a candidate
+never does. `peaks` and `prebuild` stand alone.
 Every command replies with raw measurements (JSON); the parent decides. Nothing here trusts the
 candidate: every result is recomputed from tensors the worker holds.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import re
 import sys
@@ -107,6 +110,9 @@ class Session:
         self.threads_before: Any = None
         self.baseline_sets: list[Any] | None = None  # eager and compiled are timed on the same device copies
         self.compiled: tuple[Any, str | None] | None = None  # (torch.compile'd reference, its error)
+
+    def close(self) -> None:
+        self._config_scope.__exit__(None, None, None)
 
     # -- reference (before the candidate exists in this process)
 
@@ -298,8 +304,36 @@ def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any
 
 
 def _cmd_reference(state: dict, payload: Any) -> Any:
+    """A new job's session. Only a worker that has measured nothing but baselines, each released,
+    takes a second job, and only a baseline's: a candidate's job always gets a fresh process."""
+    baseline = bool(payload.get("keep_on_device"))
+    if state.get("jobs") and not (baseline and state.get("baselines_only") and "session" not in state):
+        raise RuntimeError("this worker has served a job that was not a released baseline: a new job needs a"
+                           " fresh worker")
+    state["jobs"] = state.get("jobs", 0) + 1
+    state["baselines_only"] = state.get("baselines_only", True) and baseline
     state["session"] = Session(payload)
-    return state["session"].reference()
+    return {**state["session"].reference(), "worker_job": state["jobs"]}
+
+
+def _cmd_release(state: dict, payload: Any) -> Any:
+    """End a baseline job so the worker can take the next task's: drop the session (its tensors and
+    compiled model), torch.compile's in-process caches (graphs and guards of the task's Model) and the
+    allocator's free blocks. Returns the device memory still allocated (0 when nothing leaked)."""
+    import torch
+
+    session = state.pop("session", None)
+    if session is not None:
+        session.close()
+        del session
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return {"allocated_bytes": 0}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {"allocated_bytes": torch.cuda.memory_allocated()}
 
 
 def _cmd_prebuild(state: dict, payload: Any) -> Any:
@@ -324,6 +358,7 @@ def _session_command(name: str) -> Callable[[dict, Any], Any]:
 
 COMMANDS: dict[str, Callable[[dict, Any], Any]] = {
     "reference": _cmd_reference,
+    "release": _cmd_release,
     "prebuild": _cmd_prebuild,
     "peaks": _cmd_peaks,
     **{name: _session_command(name) for name in ("build", "correctness", "anticheat", "timing", "kernel_audit",

@@ -6,9 +6,10 @@ The protocol (EVALUATION.md, "Isolation"):
   through `CUDA_VISIBLE_DEVICES`, started in a fresh temporary working directory (also its TMPDIR),
   with an allow-listed environment, in a process group of its own (`start_new_session`), with its
   stdout and stderr merged into a pipe of which the parent keeps only the last `log_tail_bytes`.
-- A worker serves exactly one job (one candidate, one baseline measurement...). Nothing a candidate
-  does to the interpreter, to torch or to the CUDA context can reach the next candidate: the next job
-  gets a new process. Start-up (importing torch, creating the CUDA context, loading the profiler) is
+- A worker serves exactly one candidate's job. Nothing a candidate does to the interpreter, to torch
+  or to the CUDA context can reach the next candidate: the next job gets a new process. Only a worker
+  that has measured nothing but baselines (the reference, never a candidate) takes another task's
+  baseline job, after releasing the last one (`baselines.BaselineWorker`). Start-up (importing torch, creating the CUDA context, loading the profiler) is
   paid in advance: the pool keeps one warmed spare per GPU, started as soon as the previous one was
   taken; before anything is timed the job waits for that spare to be ready (`Worker.settle`), so
   start-up work never overlaps a measurement.
@@ -145,7 +146,8 @@ def _describe_exit(returncode: int | None) -> str:
 
 
 class Worker:
-    """One worker process and its private channel; serves one job, then is closed."""
+    """One worker process and its private channel; serves one job (or a series of baseline jobs),
+    then is closed."""
 
     def __init__(self, device: str, gpu: int | None, log_tail_bytes: int, warm_profiler: bool = True,
                  warm_compile: bool = False) -> None:
