@@ -13,8 +13,9 @@ For every task of the chosen levels and each precision track (fp32: TF32 off; tf
 - the speed-of-light bound (`cutegen.evaluate.sol`: the device's peaks, measured once, and the
   task's meta-tensor trace), as the evaluator computes it for a candidate, and the fraction of it
   that eager and torch.compile reach;
-- once per task, the trivial-solution probe of bench/probe_kernelbench_h200.py (fp32 reference):
-  which trivial answers (zeros, a constant, an input) pass at 1e-4 and at 1e-2 on two input seeds.
+- once per task, the trivial-solution probe of bench/probe_kernelbench_h200.py (fp32 reference, in
+  this process, beside the precompile below, when nothing is timed): which trivial answers (zeros, a
+  constant, an input) pass at 1e-4 and at 1e-2 on two input seeds.
   The summary says whether every task EVALUATION.md lists as constant is flagged at 1e-4, over the
   tasks probed so far, and lists the flagged tasks.
 
@@ -26,19 +27,20 @@ for reasons that are not the task's; with --retry-errors, on every run). DIR/bas
 a short .md) is written atomically after every task and track, with the list of runs that added
 entries, each with its machine manifest and what it added; the file holds one device and one torch
 version. A task or track is not started when less of --budget-s is left than 1.5 times the median
-seconds of the (task, track)s this run did (at least 20 s); what is left is printed, for the next call.
+seconds of the (task, track)s this run did (at least 10 s); what is left is printed, for the next call.
 
 torch.compile's CPU work (inductor and triton compiles: 20-30 s for a small task) would dominate the
-run, so it is paid ahead and in parallel. The tasks are taken in chunks of --chunk (task, track)s;
-for each chunk, --compile-jobs evaluator workers (processes on the same device, each one compiling
-task after task as the measuring worker does) build each reference and its inputs exactly as the
-baseline worker does (its `reference` command with one input set, then `baseline` with kind
-`compile`, the one call that compiles, then `release`). That fills the FX graph, AOT
+run, so it is paid ahead and in parallel. The tasks are taken in chunks of --chunk (task, track)s
+(fewer when the budget left is short); for each chunk, --compile-jobs evaluator workers (processes
+on the same device, kept for the whole run, each compiling task after task with one thread) build
+each reference and its inputs exactly as the baseline worker does (its `reference` command with one
+input set, then `baseline` with kind `compile`, the one call that compiles, then `release`). That
+fills the FX graph, AOT
 autograd and triton caches, which live in one folder under --work (TORCHINDUCTOR_CACHE_DIR,
 TRITON_CACHE_DIR, set before any worker starts: workers keep those variables while their TMPDIR is
-fresh). Then the chunk is measured serially and its compile is a cache hit (the measuring workers
-compile in their own process, TORCHINDUCTOR_COMPILE_THREADS=1, so no compile worker starts beside
-them); each entry records how many FX graph cache entries its measurement added
+fresh). Then the chunk is measured serially and its compile is a cache hit (every worker compiles
+in its own process, TORCHINDUCTOR_COMPILE_THREADS=1, so no compile worker starts beside them); each
+entry records how many FX graph cache entries its measurement added
 (`fx_graph_entries_added`: 0 means the precompile hit) and where its seconds went. Triton's
 autotuning results found during the parallel precompile (the device was shared) are deleted before
 the chunk is measured, so the measured compile tunes on an idle device, as it would alone. The
@@ -76,7 +78,7 @@ from probe_kernelbench_h200 import MUST_FLAG, NEARLY_CONSTANT, find_kernelbench,
 RESULT_NAME = "baselines-h200.json"
 DEFAULT_STATE = REPO / "bench" / "results" / RESULT_NAME
 SCHEMA = 1
-MIN_TASK_S = 20.0  # the per-(task, track) estimate before this run has measured any
+MIN_TASK_S = 10.0  # the per-(task, track) estimate before this run has measured any, and its floor
 ESTIMATE_FACTOR = 1.5
 
 
@@ -384,57 +386,56 @@ def available_memory_bytes() -> int:
     return 1 << 40
 
 
-@contextlib.contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """Set environment variables for the workers started inside the block (they copy os.environ)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+class Precompiler:
+    """--compile-jobs lanes, each a worker kept from chunk to chunk (`baselines.BaselineWorker`) that
+    takes the next (task, track) of the chunk when it has compiled one. Every worker compiles with one
+    thread (TORCHINDUCTOR_COMPILE_THREADS=1, set in main): with a lane per CPU, inductor's own compile
+    worker processes would only add their start-up to every compile."""
 
+    def __init__(self, args: argparse.Namespace, configs_by_track: dict[str, Any]) -> None:
+        from cutegen.evaluate.baselines import BaselineWorker
+        from cutegen.evaluate.worker import WorkerPool
 
-def precompile(units: list[tuple[Any, str]], configs_by_track: dict[str, Any], args: argparse.Namespace,
-               deadline: float, traces: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Compile every (task, track) of a chunk once: --compile-jobs lanes, each a worker that takes the
-    next unit of the chunk when it has compiled one."""
-    from concurrent.futures import ThreadPoolExecutor
+        self.configs = configs_by_track
+        self.jobs = max(1, args.compile_jobs)
+        slots = {"gpus": (args.gpu,) * self.jobs} if args.device == "cuda" else {"cpu_slots": self.jobs}
+        self.gate = MemoryGate(int(0.6 * available_memory_bytes()))
+        self.pool = WorkerPool(args.device, warm_spares=False, warm_profiler=False, warm_compile=True, **slots)
+        self.lanes = [BaselineWorker(self.pool) for _ in range(self.jobs)]
 
-    from cutegen.evaluate.baselines import BaselineWorker
-    from cutegen.evaluate.worker import WorkerPool
+    def run(self, units: list[tuple[Any, str]], deadline: float,
+            traces: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+        """Compile every (task, track) of a chunk once."""
+        from concurrent.futures import ThreadPoolExecutor
 
-    jobs = max(1, min(args.compile_jobs, len(units)))
-    slots = {"gpus": (args.gpu,) * jobs} if args.device == "cuda" else {"cpu_slots": jobs}
-    gate = MemoryGate(int(0.6 * available_memory_bytes()))
-    queue, lock = list(units), threading.Lock()
-    results: dict[tuple[str, str], dict[str, Any]] = {}
+        queue, lock = list(units), threading.Lock()
+        results: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def lane() -> None:
-        with BaselineWorker(pool) as held:
+        def lane(held: Any) -> None:
             while True:
                 with lock:
                     if not queue:
                         return
                     task, track = queue.pop(0)
-                with gate.hold(MemoryGate.need(traces.get(task.task_id))):
-                    results[(task.task_id, track)] = precompile_one(held, task, configs_by_track[track], deadline)
+                with self.gate.hold(MemoryGate.need(traces.get(task.task_id))):
+                    results[(task.task_id, track)] = precompile_one(held, task, self.configs[track], deadline)
 
-    # The jobs share the CPUs: a few compile threads each (compile_threads is not in inductor's cache key).
-    threads = str(max(1, (os.cpu_count() or 2) // jobs))
-    with environment(TORCHINDUCTOR_COMPILE_THREADS=threads), \
-            WorkerPool(args.device, warm_spares=False, warm_profiler=False, warm_compile=True, **slots) as pool, \
-            ThreadPoolExecutor(jobs) as executor:
-        for lane_done in [executor.submit(lane) for _ in range(jobs)]:
-            lane_done.result()
-    # Autotuning choices made while the device was shared would be reused by the measured compile.
-    for path in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"):
-        path.unlink(missing_ok=True)
-    return results
+        lanes = self.lanes[:len(units)]
+        with ThreadPoolExecutor(len(lanes)) as executor:
+            for done in [executor.submit(lane, held) for held in lanes]:
+                done.result()
+        # Autotuning choices made while the device was shared would be reused by the measured compile.
+        for path in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"):
+            path.unlink(missing_ok=True)
+        return results
+
+    def __enter__(self) -> "Precompiler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for held in self.lanes:
+            held.drop()
+        self.pool.close()
 
 
 def fx_graph_entries() -> int:
@@ -507,10 +508,10 @@ def probe(task: Any, device: str) -> dict[str, Any]:
         row = probe_task(task, device)
     except Exception as err:  # noqa: BLE001 - one broken task must not end the run
         row = {"error": f"{type(err).__name__}: {err}"[:400], "trace": traceback.format_exc()[-800:]}
-        if device == "cuda":
-            import torch
+    if device == "cuda":  # the measuring worker, not this process, needs the device's memory next
+        import torch
 
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     row.pop("task_id", None)
     row.pop("name", None)
     return {**row, "measured_utc": now_utc()}
@@ -539,6 +540,7 @@ class Runner:
         self.unit_s: list[float] = []  # seconds per (task, track) of this run, the precompile's share included
         self.pool: Any = None
         self.held: Any = None  # the measuring worker, kept from task to task (baselines.BaselineWorker)
+        self.precompiler: Any = None
         self.peaks: Any = None
         self.probe_ok = args.probe
         self.traces: dict[str, Any] = {}  # task id -> TaskTrace, or why it failed
@@ -576,16 +578,20 @@ class Runner:
         # No kernel audit here. One worker measures task after task; its spare, which takes over when it
         # dies, imports torch.compile's machinery while it waits.
         with WorkerPool.for_config(first, warm_profiler=False, warm_compile=self.args.compile) as self.pool, \
-                BaselineWorker(self.pool) as self.held:
+                BaselineWorker(self.pool) as self.held, Precompiler(self.args, self.configs) as self.precompiler:
             info = self.pool.info()
             check_device(self.state, info, self.args.state)
             self.peaks = self.load_peaks(first, info) or get_peaks(first.cache_dir, self.pool, first.run_timeout_s)
             self.run["peaks"] = None if self.peaks is None else to_json(self.peaks)
             if self.peaks is not None:
                 self.state["peaks"] = {**self.state["device"], "peaks": to_json(self.peaks)}
-            for chunk in self.chunks(todo):
-                if not self.chunk(chunk):
+            self.held.take()  # now, so that the spare replacing it starts during the first precompile
+            pending = list(todo)
+            while pending:
+                chunk = self.next_chunk(pending)
+                if not chunk or not self.chunk(chunk):
                     break
+                del pending[:len(chunk)]
 
     def load_peaks(self, config: Any, info: dict[str, Any]) -> Any:
         """The peaks of an earlier run on the same device and torch: one set of bounds for the table."""
@@ -600,50 +606,45 @@ class Runner:
         save_json(path, saved["peaks"])
         return load_peaks(path)
 
-    def chunks(self, todo: list[tuple[Any, list[str], bool]]) -> Iterator[list[tuple[Any, list[str], bool]]]:
-        """Tasks in groups of about --chunk (task, track)s; a task's tracks stay together."""
-        chunk: list[tuple[Any, list[str], bool]] = []
-        for item in todo:
+    def next_chunk(self, pending: list[tuple[Any, list[str], bool]]) -> list[tuple[Any, list[str], bool]]:
+        """The next tasks, about --chunk (task, track)s, a task's tracks together, as many as the budget
+        left can measure at the current estimate (only those are precompiled)."""
+        fits = min(self.args.chunk, int(self.left_s() // self.estimate_s()))
+        chunk, units = [], 0
+        for item in pending:
+            units += max(1, len(item[1]))
+            if units > fits:
+                break
             chunk.append(item)
-            if sum(max(1, len(t)) for _, t, _ in chunk) >= self.args.chunk:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+        return chunk
 
     def chunk(self, chunk: list[tuple[Any, list[str], bool]]) -> bool:
-        """Precompile, then measure one chunk; False when the budget ran out."""
-        fits = max(0, int(self.left_s() // self.estimate_s()))
-        kept, units = [], 0
-        for task, tracks, needs_probe in chunk:  # only what the budget can measure is precompiled
-            if units + max(1, len(tracks)) > fits:
-                break
-            kept.append((task, tracks, needs_probe))
-            units += max(1, len(tracks))
-        warm: dict[tuple[str, str], dict[str, Any]] = {}
+        """Precompile one chunk and probe its tasks meanwhile (nothing is timed then), then measure it
+        serially; False when the budget ran out."""
+        from concurrent.futures import ThreadPoolExecutor
+
         started = time.perf_counter()
-        for task, tracks, _ in kept:
+        for task, tracks, _ in chunk:
             if tracks and task.task_id not in self.traces:
                 self.traces[task.task_id] = trace_of(task)
-        units_to_compile = [(t, k) for t, tracks, _ in kept for k in tracks]
-        if units_to_compile and self.args.compile and self.args.compile_jobs > 0:
-            warm = precompile(units_to_compile, self.configs, self.args, self.deadline, self.traces)
-            print(f"precompiled {len(warm)} (task, track)s in {time.perf_counter() - started:.1f} s"
-                  f" ({sum(w['ok'] for w in warm.values())} compiled)", flush=True)
-        share = (time.perf_counter() - started) / max(1, units)
-        for task, tracks, needs_probe in kept:
-            if not self.task(task, tracks, needs_probe, warm, share):
+        units_to_compile = [(t, k) for t, tracks, _ in chunk for k in tracks]
+        warm: dict[tuple[str, str], dict[str, Any]] = {}
+        with ThreadPoolExecutor(1) as prober:
+            probing = prober.submit(self.probes, [task for task, _, needs_probe in chunk if needs_probe])
+            if units_to_compile and self.args.compile and self.args.compile_jobs > 0:
+                warm = self.precompiler.run(units_to_compile, self.deadline, self.traces)
+                print(f"precompiled {len(warm)} (task, track)s in {time.perf_counter() - started:.1f} s"
+                      f" ({sum(w['ok'] for w in warm.values())} compiled)", flush=True)
+            probing.result()
+        share = (time.perf_counter() - started) / max(1, sum(max(1, len(t)) for _, t, _ in chunk))
+        for task, tracks, _ in chunk:
+            if not self.task(task, tracks, warm, share):
                 return False
-        return len(kept) == len(chunk)
+        return True
 
-    def task(self, task: Any, tracks: list[str], needs_probe: bool, warm: dict, share: float) -> bool:
-        """The task's probe (first: it knows the dtype the bound needs), then each track; False when
+    def task(self, task: Any, tracks: list[str], warm: dict, share: float) -> bool:
+        """Each track of the task (its probe, done before, knows the dtype the bound needs); False when
         the budget ran out."""
-        if self.left_s() < self.estimate_s():
-            return False
-        started = time.perf_counter()
-        if needs_probe and self.probe_ok:
-            self.probe(task)
         precision = (task_entry(self.state, task).get("probe") or {}).get("precision")
         trace = self.traces.get(task.task_id)
         if tracks:
@@ -651,25 +652,30 @@ class Runner:
         for track in tracks:
             if self.left_s() < self.estimate_s():
                 return False
+            started = time.perf_counter()
             row = measure(task, track, self.configs[track], self.pool, self.held, self.peaks, trace, precision)
             row["precompile"] = warm.get((task.task_id, track))
             self.add(task, track, row)
             self.done += 1
             self.unit_s.append(time.perf_counter() - started + share)
-            started = time.perf_counter()
             print(progress_line(task, track, row, self.unit_s[-1], self.done, self.total), flush=True)
         if not tracks:
-            self.unit_s.append(time.perf_counter() - started)
+            self.unit_s.append(share)
         return True
 
-    def probe(self, task: Any) -> None:
-        row = probe(task, self.args.device)
-        # A broken CUDA context (a sticky error) would fail every later probe: stop probing instead.
-        self.probe_ok = "error" not in row or not probe_is_broken(self.args.device)
-        if self.probe_ok:
-            self.add(task, "probe", row)
-        print(f"{task.task_id} probe: trivial@1e-4 {row.get('trivial@0.0001')} {row.get('error', '')}"[:300],
-              flush=True)
+    def probes(self, tasks: list[Any]) -> None:
+        """The chunk's probes, one after another, beside the precompile (in the memory it leaves)."""
+        for task in tasks:
+            if not self.probe_ok:
+                return
+            with self.precompiler.gate.hold(MemoryGate.need(self.traces.get(task.task_id))):
+                row = probe(task, self.args.device)
+            # A broken CUDA context (a sticky error) would fail every later probe: stop probing instead.
+            self.probe_ok = "error" not in row or not probe_is_broken(self.args.device)
+            if self.probe_ok:
+                self.add(task, "probe", row)
+            print(f"{task.task_id} probe: trivial@1e-4 {row.get('trivial@0.0001')} {row.get('error', '')}"[:300],
+                  flush=True)
 
 
 def progress_line(task: Any, track: str, row: dict[str, Any], seconds: float, done: int, total: int) -> str:
@@ -758,8 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     # Before any worker exists: every worker (precompile and measurement) compiles into these folders.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(args.work / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(args.work / "triton"))
-    # The measuring workers compile in their own process: after the precompile every graph is a cache
-    # hit, which needs no compile worker processes (the precompile sets its own thread count).
+    # Every worker compiles in its own process: the measuring worker's graphs are cache hits after the
+    # precompile, and each precompile lane has a CPU of its own (see Precompiler).
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     if args.device == "cpu":
         # Inductor keeps the C++ precompiled headers of CPU kernels in the temp folder, which is fresh

@@ -163,16 +163,18 @@ def test_the_bound_follows_the_track_and_the_half_precision_peak():
     assert "trace failed" in b.sol_fields("SyntaxError", peaks, "fp32", None, eager, None)["sol_error"]
 
 
-def test_no_chunk_starts_when_the_budget_left_is_below_the_estimate(tmp_path):
+def test_a_chunk_holds_what_the_budget_left_can_measure_and_none_starts_below_the_estimate(tmp_path):
     b = script_module()
-    args = b.parse_args(["--out", str(tmp_path), "--device", "cpu", "--state", "none", "--work", str(tmp_path)])
+    args = b.parse_args(["--out", str(tmp_path), "--device", "cpu", "--state", "none", "--work", str(tmp_path),
+                         "--chunk", "3"])
     runner = b.Runner(args, {"schema": 1, "tasks": {}, "runs": []}, [], {"id": "r", "added": []})
     runner.unit_s = [10.0, 30.0, 40.0]  # median 30 s: 45 s per (task, track) estimated
     assert runner.estimate_s() == pytest.approx(45.0)
+    pending = [(f"task{i}", ["fp32", "tf32"] if i == 0 else ["fp32"], True) for i in range(5)]
     runner.deadline = b.time.monotonic() + 40.0
-
-    class Task:
-        task_id = "level1/1"
-
-    assert runner.chunk([(Task(), ["fp32"], True)]) is False  # nothing precompiled, nothing measured
+    assert runner.next_chunk(pending) == []  # nothing precompiled, nothing measured
+    runner.deadline = b.time.monotonic() + 140.0  # three (task, track)s fit: a task's tracks stay together
+    assert runner.next_chunk(pending) == pending[:2]
+    runner.deadline = b.time.monotonic() + 10_000.0  # --chunk bounds it
+    assert runner.next_chunk(pending) == pending[:2] and runner.next_chunk(pending[2:]) == pending[2:5]
     assert runner.run["added"] == [] and runner.done == 0

@@ -318,8 +318,10 @@ def _cmd_reference(state: dict, payload: Any) -> Any:
 
 def _cmd_release(state: dict, payload: Any) -> Any:
     """End a baseline job so the worker can take the next task's: drop the session (its tensors and
-    compiled model), torch.compile's in-process caches (graphs and guards of the task's Model) and the
-    allocator's free blocks. Returns the device memory still allocated (0 when nothing leaked)."""
+    compiled model), torch.compile's in-process caches (graphs and guards of the task's Model), the
+    cuBLAS workspaces (allocated through torch's allocator at a first matmul, they kept every GEMM
+    task's worker from being reused on an H200) and the allocator's free blocks. Returns the device
+    memory still allocated (0 when nothing leaked)."""
     import torch
 
     session = state.pop("session", None)
@@ -332,6 +334,9 @@ def _cmd_release(state: dict, payload: Any) -> Any:
     if not torch.cuda.is_initialized():
         return {"allocated_bytes": 0}
     torch.cuda.synchronize()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
     torch.cuda.empty_cache()
     return {"allocated_bytes": torch.cuda.memory_allocated()}
 
