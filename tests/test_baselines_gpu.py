@@ -93,9 +93,9 @@ def test_one_baseline_worker_measures_two_tasks_and_frees_the_device_between_the
     tasks = Path(__file__).resolve().parents[1] / "examples" / "tasks"
     config = EvalConfig(device="cuda", cache_dir=tmp_path, timing_trials=10, warmup_trials=2)
     with WorkerPool("cuda", warm_profiler=False, warm_compile=True) as pool, BaselineWorker(pool) as held:
-        first = get_baselines(load_task(tasks / "swish_scale.py"), config, pool, held)
+        first = get_baselines(load_task(tasks / "matmul.py"), config, pool, held)  # cuBLAS: its workspace
         worker = held.worker
-        second = get_baselines(load_task(tasks / "layer_norm.py"), config, pool, held)
+        second = get_baselines(load_task(tasks / "swish_scale.py"), config, pool, held)
         # still held: its release found no device memory left allocated by the first task
         assert held.worker is worker and (first.worker_job, second.worker_job) == (1, 2)
     for measured in (first, second):
