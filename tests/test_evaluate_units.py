@@ -81,6 +81,32 @@ def test_sol_bound_of_elementwise_task_is_bytes_over_bandwidth():
         2 * 256 * 4096 * 4 / 4200e9 * 1e3)
 
 
+def test_only_a_time_past_the_hardwares_bound_is_rejected_not_one_past_the_measured_peaks():
+    from cutegen.evaluate.pipeline import _speed
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    task = load_task(REPO / "examples" / "tasks" / "swish_scale.py")
+    measured = Peaks("NVIDIA H200", 67.0, 494.7, 788.9, bandwidth_gb_s=4184.0, measured=("bandwidth_gb_s",))
+    hardware = sol.physical_peaks(measured)
+    assert (hardware.bandwidth_gb_s, hardware.half_tflops, hardware.fp32_tflops) == (4800.0, 989.4, 67.0)
+    assert sol.physical_peaks(replace(measured, device_name="Unknown GPU")).bandwidth_gb_s == 4184.0
+    config = EvalConfig(device="cpu", backend="torch")
+    bound = sol.sol_bound_ms(trace_task(task), measured, "fp32", half=False)
+
+    def judged(median_ms: float) -> VerdictBuilder:
+        run = VerdictBuilder(task.task_id, "0" * 64, config)
+        stats = TimingStats(median_ms, median_ms, median_ms, 0.0, 10)
+        with contextlib.suppress(Stop):
+            _speed(run, stats, task, config, None, measured, "float32")
+        return run
+
+    # torch.compile's loss reductions read at 1.078x the measured bandwidth on an H200: not a cheat
+    honest = judged(bound / 1.078)
+    assert honest.failure is None and honest.fields["sol_fraction"] == pytest.approx(1.078)
+    past = judged(bound * 4184.0 / 4800.0 / 1.06)  # 6% past the datasheet's 4800 GB/s
+    assert past.failure == "below_speed_of_light" and "hardware's bound" in past.feedback
+
+
 def test_combine_peaks_takes_measured_bandwidth_and_half_and_datasheet_fp32():
     peaks = sol.combine_peaks({"device_name": "NVIDIA H200", "bandwidth_gb_s": 4220.0, "half_tflops": 813.0})
     assert (peaks.fp32_tflops, peaks.tf32_tflops, peaks.half_tflops, peaks.bandwidth_gb_s) == (

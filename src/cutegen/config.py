@@ -159,8 +159,8 @@ class EvalConfig:
     `run_timeout_s` bounds each candidate stage in the worker (correctness, anticheat, timing);
     `reference_timeout_s` the reference outputs, which are the task's cost, not the candidate's.
     `atol`/`rtol`: None derives them from the track and the tensors' dtype (`tolerance`).
-    `sol_slack`: how far past the speed-of-light bound (as a fraction) a time may be before it is
-    rejected; the peaks are measured rates, not physical limits. `review_speedup`: a speedup over
+    `sol_slack`: how far past the hardware's speed-of-light bound (`sol.physical_peaks`, as a
+    fraction) a time may be before it is rejected. `review_speedup`: a speedup over
     eager above this is flagged for review (not a failure).
     """
 

@@ -9,10 +9,11 @@ The protocol (EVALUATION.md, "Isolation"):
 - A worker serves exactly one candidate's job. Nothing a candidate does to the interpreter, to torch
   or to the CUDA context can reach the next candidate: the next job gets a new process. Only a worker
   that has measured nothing but baselines (the reference, never a candidate) takes another task's
-  baseline job, after releasing the last one (`baselines.BaselineWorker`). Start-up (importing torch, creating the CUDA context, loading the profiler) is
-  paid in advance: the pool keeps one warmed spare per GPU, started as soon as the previous one was
-  taken; before anything is timed the job waits for that spare to be ready (`Worker.settle`), so
-  start-up work never overlaps a measurement.
+  baseline job, after releasing the last one (`baselines.BaselineWorker`). Start-up (importing
+  torch, creating the CUDA context, loading the profiler) is paid in advance: the pool keeps one
+  warmed spare per GPU, started as soon as the previous one was taken; before anything is timed the
+  job waits for that spare to be ready (`Worker.settle`), so start-up work never overlaps a
+  measurement.
 - Parent and worker talk over a private socket pair inherited as a file descriptor, in
   length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
   never stdout: what the candidate prints cannot pose as a result). The parent sends one command at a
