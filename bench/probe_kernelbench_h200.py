@@ -2,7 +2,8 @@
 
     python3 bench/probe_kernelbench_h200.py --out DIR [--kernelbench PATH] [--levels 1,2] [--budget-s 480]
 
-For every task of the chosen levels: build the reference on the GPU (fp32 track: TF32 off), run it on
+For every task of the chosen levels: build the reference on the GPU (fp32 track: TF32 off; training
+mode, as the evaluator runs it), run it on
 two input sets from different seeds, and run `trivial_solution_probe` at the fp32 tolerance (1e-4)
 and the tf32 tolerance (1e-2); a trivial answer counts when it passes on both input sets. The result
 is compared with the tasks EVALUATION.md lists as exactly or nearly constant (the list is the check
@@ -50,14 +51,19 @@ def find_kernelbench(arg: str | None) -> Path:
     sys.exit("No KernelBench checkout found: pass --kernelbench PATH (a folder holding level1/, level2/...).")
 
 
+MODE = "train"  # the module mode of the reference, as the evaluator builds it (`correctness.build_model`)
+
+
 def reference_run(module: Any, seed: int, device: str = "cuda") -> tuple[list[Any], list[Any]]:
-    """(outputs, inputs) of the reference on `device` for one seed; weights from seed 0 every time."""
+    """(outputs, inputs) of the reference on `device` for one seed; weights from seed 0 every time. The
+    model stays in training mode, as the evaluator and the baselines run it: in eval mode a fresh
+    BatchNorm is the identity (level1/33 was flagged as an input copy that way)."""
     import torch
 
     torch.set_default_device(device)  # inputs and weights are created on the device directly
     try:
         torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).to(device).eval()
+        model = module.Model(*module.get_init_inputs()).to(device)
         torch.manual_seed(seed)
         inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
         with torch.no_grad():
@@ -101,7 +107,8 @@ def probe_task(task: Any, device: str = "cuda") -> dict[str, Any]:
         del outputs, inputs
         if device == "cuda":
             torch.cuda.empty_cache()
-    row = {"task_id": task.task_id, "name": task.name, "s": round(time.perf_counter() - started, 2), **summary}
+    row = {"task_id": task.task_id, "name": task.name, "s": round(time.perf_counter() - started, 2), "mode": MODE,
+           **summary}
     for tol in TOLERANCES:
         row[f"trivial@{tol:g}"] = sorted(passing[tol] or ())
     return row

@@ -142,6 +142,27 @@ def test_merge_keeps_the_newest_entry_and_a_changed_task_is_measured_again():
     assert planned == [("level1/1", ["fp32", "tf32"], True)]
 
 
+def test_a_probe_of_the_reference_in_eval_mode_is_done_again_and_left_out_of_the_flags():
+    b = script_module()
+    done = {"compiled": {"median_ms": 1.0}, "compile_error": None}
+    tasks = {f"level1/{i}": {"source_sha256": "aaa", "level": 1, "tracks": {"fp32": done, "tf32": done},
+                             "probe": {"trivial@0.0001": ["input_copy:0"], **({"mode": "train"} if i == 2 else {})}}
+             for i in (1, 2)}
+    state = {"schema": 1, "runs": [], "tasks": tasks}
+
+    class Task:
+        def __init__(self, task_id):
+            self.task_id, self.source_sha256 = task_id, "aaa"
+
+    args = type("Args", (), {"tracks": ["fp32", "tf32"], "compile": True, "retry_errors": False, "probe": True})
+    planned = [(t.task_id, tracks, probe) for t, tracks, probe in b.plan([Task("level1/1"), Task("level1/2")],
+                                                                          state, args)]
+    assert planned == [("level1/1", [], True)]  # eval mode: probed again; training mode: done
+    probe = b.summarize(state, 1)["probe"]
+    assert probe["flagged_1e-4"] == ["level1/2"] and probe["stale_mode"] == ["level1/1"]
+    assert probe["tasks_probed"] == 1
+
+
 def test_the_bound_follows_the_track_and_the_half_precision_peak():
     from cutegen.evaluate.sol import datasheet_peaks
     from cutegen.records import TimingStats
