@@ -336,6 +336,38 @@ def test_a_released_baseline_worker_takes_the_next_task_and_no_other_worker_take
     assert not again["ok"] and "fresh worker" in again["error"]["message"]
 
 
+FLAG_SETTER = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        torch.backends.cudnn.benchmark = True  # global state the next task in this worker would inherit
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_baseline_whose_task_changes_torchs_global_state_ends_its_worker(tmp_path, pool, config):
+    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
+
+    timed = replace(config, timing_trials=3, warmup_trials=1, compile_baseline=False)
+    setter = load_task(write(tmp_path, "flag_setter", FLAG_SETTER))
+    with BaselineWorker(pool) as held:
+        measured = get_baselines(setter, timed, pool, held)
+        assert measured.eager.median_ms > 0 and held.worker is None  # measured, then not kept
+        after = get_baselines(task("swish_scale"), timed, pool, held)
+        assert after.worker_job == 1  # the next task got a fresh worker
+
+
 def test_a_pool_for_compiled_baselines_warms_torch_compile_in_its_spares(pool):
     assert pool.info()["compile_warmed"] is False  # the default pool does not pay for it
     with WorkerPool("cpu", warm_compile=True) as warmed:

@@ -99,8 +99,9 @@ class BaselineWorker:
     the next task reuses the process, its CUDA context and torch.compile's loaded machinery. (With a
     fresh worker per task, a median H200 measurement of 17.6 s waited 3.2 s for the next worker to
     start and spent 8.0 s in a torch.compile whose every graph came from the cache.) A worker
-    that died, whose CUDA context broke, or that still holds device memory after a release is
-    closed, and the next task takes a fresh one from the pool.
+    that died, whose CUDA context broke, that still holds device memory after a release, or whose
+    task changed torch's global state (a flag, the default dtype, a patched function) is closed, and
+    the next task takes a fresh one from the pool.
     """
 
     def __init__(self, pool: Any) -> None:
@@ -126,7 +127,9 @@ class BaselineWorker:
                 reply = self.worker.call("release", timeout_s=timeout_s)
             except WorkerDied:
                 reply = {}
-            if reply.get("ok") and reply.get("cuda_ok", True) and not reply["data"].get("allocated_bytes"):
+            data = reply.get("data") or {}
+            if reply.get("ok") and reply.get("cuda_ok", True) and not data.get("allocated_bytes") \
+                    and not data.get("state_changes"):
                 return
         self.drop()
 

@@ -95,6 +95,9 @@ class Session:
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
         self.hooks = Hooks(self.device)
         apply_track(job["track"])
+        # A baseline's worker may take the next task: what the task's code changes from here on must
+        # not reach it (see `_cmd_release`).
+        self.state_at_start = self._global_state() if job.get("keep_on_device") else None
         self.runtime = runtime_from_json(job.get("runtime"))
         self._config_scope = use_config(self.runtime)  # lazy builds in forward use it too
         self._config_scope.__enter__()
@@ -113,6 +116,21 @@ class Session:
 
     def close(self) -> None:
         self._config_scope.__exit__(None, None, None)
+
+    @staticmethod
+    def _global_state() -> dict[str, str]:
+        from cutegen.evaluate.checks_dynamic import snapshot_global_state
+
+        return snapshot_global_state()
+
+    def state_changes(self) -> list[str]:
+        """What the job's task changed in torch's global state (flags, default dtype, patched
+        functions) since the session started, for a baseline job; [] otherwise."""
+        from cutegen.evaluate.checks_dynamic import global_state_changes
+
+        if self.state_at_start is None:
+            return []
+        return global_state_changes(self.state_at_start, self._global_state())
 
     # -- reference (before the candidate exists in this process)
 
@@ -320,25 +338,27 @@ def _cmd_release(state: dict, payload: Any) -> Any:
     """End a baseline job so the worker can take the next task's: drop the session (its tensors and
     compiled model), torch.compile's in-process caches (graphs and guards of the task's Model), the
     cuBLAS workspaces (allocated through torch's allocator at a first matmul, they kept every GEMM
-    task's worker from being reused on an H200) and the allocator's free blocks. Returns the device
-    memory still allocated (0 when nothing leaked)."""
+    task's worker from being reused on an H200) and the allocator's free blocks. Returns what the
+    task changed in torch's global state and the device memory still allocated: a worker with
+    either is not fit for the next task."""
     import torch
 
-    session = state.pop("session", None)
+    session, changes = state.pop("session", None), []
     if session is not None:
+        changes = session.state_changes()
         session.close()
         del session
     if "torch._dynamo" in sys.modules:
         torch._dynamo.reset()
     gc.collect()
     if not torch.cuda.is_initialized():
-        return {"allocated_bytes": 0}
+        return {"allocated_bytes": 0, "state_changes": changes}
     torch.cuda.synchronize()
     clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear_workspaces is not None:
         clear_workspaces()
     torch.cuda.empty_cache()
-    return {"allocated_bytes": torch.cuda.memory_allocated()}
+    return {"allocated_bytes": torch.cuda.memory_allocated(), "state_changes": changes}
 
 
 def _cmd_prebuild(state: dict, payload: Any) -> Any:
