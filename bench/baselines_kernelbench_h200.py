@@ -147,10 +147,15 @@ def entry_done(entry: dict[str, Any] | None, want_compile: bool, retry_errors: b
     return not (want_compile and entry.get("compiled") is None and entry.get("compile_error") is None)
 
 
+def probe_current(entry: dict[str, Any]) -> bool:
+    """A recorded probe (or its error) of the reference in the evaluator's mode; the first probes ran
+    it in eval mode."""
+    return "error" in entry or entry.get("mode") == MODE
+
+
 def probe_done(entry: dict[str, Any] | None, retry_errors: bool) -> bool:
-    """A probe serves as a track's entry does, when it ran the reference in the evaluator's mode (the
-    first probes ran it in eval mode: those are probed again)."""
-    return entry_done(entry, False, retry_errors) and ("error" in entry or entry.get("mode") == MODE)
+    """A probe serves as a track's entry does, when it is current (the others are probed again)."""
+    return entry_done(entry, False, retry_errors) and probe_current(entry)
 
 
 def plan(tasks: list[Any], state: dict[str, Any], args: argparse.Namespace) -> list[tuple[Any, list[str], bool]]:
@@ -221,11 +226,10 @@ def summarize(state: dict[str, Any], tasks_left: int) -> dict[str, Any]:
                 per_group.setdefault(group, []).append((task_id, row))
     groups = {name: group_stats(rows) for name, rows in per_group.items()}
     # The flags of record come from probes in the evaluator's mode; the others wait to be probed again.
-    rows = [{"task_id": t, **e["probe"]} for t, e in tasks.items() if probe_done(e.get("probe"), False)
-            or "error" in (e.get("probe") or {})]
+    probes = {t: e["probe"] for t, e in tasks.items() if e.get("probe")}
+    rows = [{"task_id": t, **p} for t, p in probes.items() if probe_current(p)]
     probe = judge(rows)
-    probe["stale_mode"] = sorted((t for t, e in tasks.items() if e.get("probe") and not probe_done(e["probe"], True)
-                                  and "error" not in e["probe"]), key=task_order)
+    probe["stale_mode"] = sorted((t for t, p in probes.items() if not probe_current(p)), key=task_order)
     probe["flagged_1e-4"] = sorted((r["task_id"] for r in rows if r.get("trivial@0.0001")), key=task_order)
     probe["flagged_1e-2"] = sorted((r["task_id"] for r in rows if r.get("trivial@0.01")), key=task_order)
     probe["must_flag_not_probed_yet"] = sorted(MUST_FLAG - {r["task_id"] for r in rows if "error" not in r})
@@ -339,7 +343,7 @@ def task_line(task_id: str, entry: dict[str, Any], ms: Any) -> str:
                 notes.append(f"{track} {key.replace('_', ' ')}: {row[key].splitlines()[0][:80]}")
     cells += [ms((tracks.get(t) or {}).get("sol_bound_ms")) for t in ("fp32", "tf32")]
     flags = ", ".join(probe.get("trivial@0.0001", [])) or ("probe error" if "error" in probe else "-")
-    cells.append(flags if not probe or probe_done(probe, True) else f"{flags} (eval mode)")
+    cells.append(flags if not probe or probe_current(probe) else f"{flags} (eval mode)")
     note = "; ".join(notes).replace("|", "/")
     return f"| {task_id} {entry.get('name', '')} | " + " | ".join(cells) + f" | {note or '-'} |"
 
