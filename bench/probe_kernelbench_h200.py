@@ -4,10 +4,12 @@
 
 For every task of the chosen levels: build the reference on the GPU (fp32 track: TF32 off; training
 mode, as the evaluator runs it), run it on
-two input sets from different seeds, and run `trivial_solution_probe` at the fp32 tolerance (1e-4)
-and the tf32 tolerance (1e-2); a trivial answer counts when it passes on both input sets. The result
-is compared with the tasks EVALUATION.md lists as exactly or nearly constant (the list is the check
-on the probe): every task listed as constant must be flagged at 1e-4.
+two input sets from different seeds, and measure each trivial answer (`trivial_mismatch_fractions`)
+at the fp32 tolerance (1e-4) and the tf32 tolerance (1e-2): it flags the task when it passes on both
+input sets, and makes it nearly trivial when it fails at most NEAR_TRIVIAL_FRACTION of the elements
+on either. The result is compared with the tasks EVALUATION.md lists as exactly or nearly constant
+(the list is the check on the probe): every task listed as constant must be flagged at 1e-4, and
+every task listed as nearly constant flagged or nearly trivial at one of the two tolerances.
 
 Writes DIR/probe-kernelbench-h200.json and DIR/probe-kernelbench-h200.md (with the machine manifest)
 after every level, so a run cut short keeps what it did. KernelBench is found at --kernelbench, else
@@ -31,15 +33,20 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 
 from cutegen.evaluate.compare import flatten_outputs  # noqa: E402
 from cutegen.evaluate.correctness import lowest_precision, tensors_of  # noqa: E402
-from cutegen.evaluate.probe import trivial_solution_probe  # noqa: E402
+from cutegen.evaluate.probe import trivial_mismatch_fractions  # noqa: E402
 from cutegen.tasks import load_tasks, task_module  # noqa: E402
 
 # EVALUATION.md, "Known task problems": outputs exactly 0 or one constant (must be flagged at 1e-4),
-# and outputs that are nearly constant (may or may not pass at 1e-4; reported, not required).
+# and outputs that are nearly constant (a constant may fail at 1e-4, and even at 1e-2 on a few elements:
+# each must be flagged or nearly trivial at one of the tolerances).
 MUST_FLAG = {"level2/9", "level2/80", "level2/83", "level2/58", "level2/36", "level2/23", "level1/23", "level1/37"}
 NEARLY_CONSTANT = {"level1/39", "level1/49", "level1/53", "level2/38", "level2/42", "level2/45", "level2/49",
                    "level2/66", "level2/84", "level2/93", "level2/99"}
 TOLERANCES = (1e-4, 1e-2)
+# A trivial answer wrong on at most this fraction of the output (one element in a thousand) leaves the
+# task's check resting on a handful of elements; level2/84 (a softmax over 8192 columns) is one: zeros
+# are within 1e-2 of every element but the few past 0.0101.
+NEAR_TRIVIAL_FRACTION = 1e-3
 SEEDS = (1, 2)
 
 
@@ -87,14 +94,16 @@ def output_summary(outputs: list[Any]) -> dict[str, Any]:
 
 
 def probe_task(task: Any, device: str = "cuda") -> dict[str, Any]:
-    """The trivial answers passing at each tolerance on every seed, the first output's statistics and
-    `precision`: the lowest-precision float dtype among inputs and outputs (as the evaluator picks
+    """At each tolerance: the trivial answers passing on every seed (`trivial@TOL`), each answer's
+    largest fraction of failed elements over the seeds (`mismatch@TOL`) and the answers failing at most
+    NEAR_TRIVIAL_FRACTION of them but not none (`near_trivial@TOL`); also the first output's statistics
+    and `precision`: the lowest-precision float dtype among inputs and outputs (as the evaluator picks
     the tolerance and the speed-of-light peak)."""
     import torch
 
     started = time.perf_counter()
     module = task_module(task)
-    passing: dict[float, set[str] | None] = {tol: None for tol in TOLERANCES}
+    worst: dict[float, dict[str, float]] = {tol: {} for tol in TOLERANCES}
     summary: dict[str, Any] = {}
     for seed in SEEDS:
         outputs, inputs = reference_run(module, seed, device)
@@ -102,33 +111,52 @@ def probe_task(task: Any, device: str = "cuda") -> dict[str, Any]:
             summary = output_summary(outputs)
             summary["precision"] = lowest_precision(tensors_of(inputs) + tensors_of(outputs))
         for tol in TOLERANCES:
-            names = set(trivial_solution_probe(outputs, inputs, tol, tol))
-            passing[tol] = names if passing[tol] is None else passing[tol] & names
+            for name, failed in trivial_mismatch_fractions(outputs, inputs, tol, tol).items():
+                worst[tol][name] = max(failed, worst[tol].get(name, 0.0))
         del outputs, inputs
         if device == "cuda":
             torch.cuda.empty_cache()
     row = {"task_id": task.task_id, "name": task.name, "s": round(time.perf_counter() - started, 2), "mode": MODE,
            **summary}
     for tol in TOLERANCES:
-        row[f"trivial@{tol:g}"] = sorted(passing[tol] or ())
+        row[f"trivial@{tol:g}"] = sorted(name for name, failed in worst[tol].items() if failed == 0.0)
+        row[f"near_trivial@{tol:g}"] = sorted(name for name, failed in worst[tol].items()
+                                              if 0.0 < failed <= NEAR_TRIVIAL_FRACTION)
+        row[f"mismatch@{tol:g}"] = {name: float(f"{failed:.3g}") for name, failed in sorted(worst[tol].items())}
     return row
+
+
+def found(row: dict[str, Any]) -> bool:
+    """The probe found the task trivial or nearly so, at either tolerance."""
+    return any(row.get(f"{kind}@{tol:g}") for kind in ("trivial", "near_trivial") for tol in TOLERANCES)
 
 
 def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     flagged = {r["task_id"] for r in rows if r.get("trivial@0.0001")}
     seen = {r["task_id"] for r in rows if "error" not in r}
     must = MUST_FLAG & seen
+    nearly = NEARLY_CONSTANT & seen
+    nearly_found = nearly & {r["task_id"] for r in rows if found(r)}
     return {
         "must_flag_found": sorted(must & flagged),
         "must_flag_missed": sorted(must - flagged),
         "nearly_constant_flagged": sorted(NEARLY_CONSTANT & flagged),
+        "nearly_constant_found": sorted(nearly_found),
+        "nearly_constant_missed": sorted(nearly - nearly_found),
         "flagged_not_listed": sorted(flagged - MUST_FLAG - NEARLY_CONSTANT),
         "flagged_at_1e-4": len(flagged),
         "flagged_at_1e-2": sum(bool(r.get("trivial@0.01")) for r in rows),
+        "near_trivial_at_1e-2": sum(bool(r.get("near_trivial@0.01")) and not r.get("trivial@0.01") for r in rows),
         "tasks_probed": len(seen),
         "errors": sum("error" in r for r in rows),
-        "verdict": "OK" if must and not (must - flagged) else "CHECK",
+        "verdict": "OK" if must and not (must - flagged) and not (nearly - nearly_found) else "CHECK",
     }
+
+
+def near_cell(row: dict[str, Any], tol: float) -> str:
+    """The nearly trivial answers at `tol`, each with the fraction of elements it fails."""
+    fractions = row.get(f"mismatch@{tol:g}", {})
+    return ", ".join(f"{name} ({fractions.get(name, 0):.2g})" for name in row.get(f"near_trivial@{tol:g}", [])) or "-"
 
 
 def write(out: Path, result: dict[str, Any]) -> None:
@@ -143,15 +171,18 @@ def write(out: Path, result: dict[str, Any]) -> None:
         f"- listed as constant and found: {', '.join(summary['must_flag_found']) or '-'}",
         f"- listed as constant and MISSED: {', '.join(summary['must_flag_missed']) or '-'}",
         f"- listed as nearly constant, flagged at 1e-4: {', '.join(summary['nearly_constant_flagged']) or '-'}",
+        "- listed as nearly constant, flagged or nearly trivial at 1e-4 or 1e-2:"
+        f" {', '.join(summary['nearly_constant_found']) or '-'}; MISSED: {', '.join(summary['nearly_constant_missed']) or '-'}",
         f"- flagged but not listed: {', '.join(summary['flagged_not_listed']) or '-'}",
         "",
-        "| task | trivial @1e-4 | trivial @1e-2 | mean | std | max abs |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| task | trivial @1e-4 | trivial @1e-2 | nearly trivial @1e-2 | mean | std | max abs |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
-        if row.get("trivial@0.0001") or row.get("trivial@0.01") or "error" in row:
+        if found(row) or "error" in row:
             lines.append(f"| {row['task_id']} {row.get('name', '')} | {', '.join(row.get('trivial@0.0001', [])) or '-'}"
-                         f" | {', '.join(row.get('trivial@0.01', [])) or '-'} | {row.get('mean', row.get('error', ''))!s:.12}"
+                         f" | {', '.join(row.get('trivial@0.01', [])) or '-'} | {near_cell(row, 0.01)}"
+                         f" | {row.get('mean', row.get('error', ''))!s:.12}"
                          f" | {row.get('std', '')!s:.10} | {row.get('max_abs', '')!s:.10} |")
     lines += ["", "Machine:", "", "```", json.dumps(result.get("manifest"), indent=1, default=str), "```", ""]
     (out / "probe-kernelbench-h200.md").write_text("\n".join(lines))

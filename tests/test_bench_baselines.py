@@ -108,6 +108,7 @@ def test_a_killed_run_is_merged_and_a_finished_state_measures_nothing(suite, fir
     assert probe["flagged_1e-4"] == ["level1/2"] and probe["tasks_probed"] == 2
     assert "zeros" in data["tasks"]["level1/2"]["probe"]["trivial@0.0001"]
     assert data["tasks"]["level1/2"]["probe"]["precision"] == "float32"
+    assert data["tasks"]["level1/2"]["probe"]["mismatch@0.01"]["zeros"] == 0.0  # 0 everywhere
 
     # The finished file as --state, a fresh --out: nothing to measure, nothing added.
     again = tmp_path / "again"
@@ -142,12 +143,14 @@ def test_merge_keeps_the_newest_entry_and_a_changed_task_is_measured_again():
     assert planned == [("level1/1", ["fp32", "tf32"], True)]
 
 
-def test_a_probe_of_the_reference_in_eval_mode_is_done_again_and_left_out_of_the_flags():
+def test_a_probe_of_an_earlier_kind_is_done_again_and_left_out_of_the_flags():
     b = script_module()
     done = {"compiled": {"median_ms": 1.0}, "compile_error": None}
+    kinds = {1: {},  # the reference in eval mode
+             2: {"mode": "train"},  # training mode, no failed fractions
+             3: {"mode": "train", "mismatch@0.01": {"input_copy:0": 0.0}}}
     tasks = {f"level1/{i}": {"source_sha256": "aaa", "level": 1, "tracks": {"fp32": done, "tf32": done},
-                             "probe": {"trivial@0.0001": ["input_copy:0"], **({"mode": "train"} if i == 2 else {})}}
-             for i in (1, 2)}
+                             "probe": {"trivial@0.0001": ["input_copy:0"], **kind}} for i, kind in kinds.items()}
     state = {"schema": 1, "runs": [], "tasks": tasks}
 
     class Task:
@@ -155,12 +158,26 @@ def test_a_probe_of_the_reference_in_eval_mode_is_done_again_and_left_out_of_the
             self.task_id, self.source_sha256 = task_id, "aaa"
 
     args = type("Args", (), {"tracks": ["fp32", "tf32"], "compile": True, "retry_errors": False, "probe": True})
-    planned = [(t.task_id, tracks, probe) for t, tracks, probe in b.plan([Task("level1/1"), Task("level1/2")],
-                                                                          state, args)]
-    assert planned == [("level1/1", [], True)]  # eval mode: probed again; training mode: done
-    probe = b.summarize(state, 1)["probe"]
-    assert probe["flagged_1e-4"] == ["level1/2"] and probe["stale_mode"] == ["level1/1"]
+    planned = [(t.task_id, tracks, probe) for t, tracks, probe in b.plan([Task(t) for t in tasks], state, args)]
+    assert planned == [("level1/1", [], True), ("level1/2", [], True)]
+    probe = b.summarize(state, 2)["probe"]
+    assert probe["flagged_1e-4"] == ["level1/3"] and probe["stale"] == ["level1/1", "level1/2"]
     assert probe["tasks_probed"] == 1
+
+
+def test_the_probe_verdict_needs_every_listed_task_found():
+    b = script_module()
+    probe = sys.modules["probe_kernelbench_h200"]
+    rows = [{"task_id": t, "trivial@0.0001": ["zeros"]} for t in sorted(probe.MUST_FLAG)]
+    rows += [{"task_id": t, "trivial@0.0001": [], "trivial@0.01": ["constant"]} for t in sorted(probe.NEARLY_CONSTANT)]
+    assert b.judge(rows)["verdict"] == "OK"
+    # A nearly constant task that a constant fails on a few elements only: found as nearly trivial.
+    rows[-1] = {"task_id": rows[-1]["task_id"], "trivial@0.01": [], "near_trivial@0.01": ["zeros"]}
+    assert b.judge(rows)["verdict"] == "OK" and b.judge(rows)["nearly_constant_missed"] == []
+    rows[-1] = {"task_id": rows[-1]["task_id"], "trivial@0.01": [], "near_trivial@0.01": []}
+    verdict = b.judge(rows)
+    assert verdict["verdict"] == "CHECK" and verdict["nearly_constant_missed"] == [rows[-1]["task_id"]]
+    assert b.judge(rows[:-1])["verdict"] == "OK"  # a listed task not probed yet does not count
 
 
 def test_the_bound_follows_the_track_and_the_half_precision_peak():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cutegen.evaluate.compare import compare_outputs, first_mismatches
-from cutegen.evaluate.probe import trivial_solution_probe
+from cutegen.evaluate.probe import trivial_mismatch_fractions, trivial_solution_probe
 
 # ------------------------------------------------------------------------------------ compare
 
@@ -118,6 +118,17 @@ def test_probe_needs_every_output_to_pass():
     zeros, noise = torch.zeros(5), torch.randn(5) + 10
     assert trivial_solution_probe((zeros, zeros), [], 1e-4, 1e-4)[0] == "zeros"
     assert "zeros" not in trivial_solution_probe((zeros, noise), [], 1e-4, 1e-4)
+
+
+def test_probe_counts_the_elements_a_trivial_answer_gets_wrong():
+    # A softmax-like output: tiny everywhere but at 3 of 10000 elements, which zeros fail at 1e-2.
+    ref = torch.full((100, 100), 1e-4)
+    ref[0, :3] = 0.5
+    fractions = trivial_mismatch_fractions([ref], [], 1e-2, 1e-2)
+    assert fractions["zeros"] == 3 / 10000 and fractions["constant"] == 3 / 10000
+    assert trivial_solution_probe([ref], [], 1e-2, 1e-2) == ()  # not degenerate: 3 elements still tell
+    assert trivial_mismatch_fractions([ref], [], 1.0, 0.0) == {"zeros": 0.0, "constant": 0.0}
+    assert trivial_mismatch_fractions([ref], [], 1e-5, 0.0)["zeros"] == 1.0
 
 
 def test_probe_skips_non_tensor_outputs():

@@ -40,19 +40,27 @@ def _mean(tensor: Any) -> float:
     return float(finite.mean()) if finite.numel() else 0.0
 
 
-def trivial_solution_probe(ref_outputs: Any, inputs: list[Any], atol: float, rtol: float) -> tuple[str, ...]:
-    """Names of the trivial answers that pass `|out - ref| <= atol + rtol * |ref|` everywhere on these
-    reference outputs: "zeros", "constant" (each output's mean), "input_copy:i" (input i, when every
-    output has its shape). A non-empty result flags the task as degenerate.
+def trivial_mismatch_fractions(ref_outputs: Any, inputs: list[Any], atol: float, rtol: float) -> dict[str, float]:
+    """For each trivial answer ("zeros", "constant": each output's mean, "input_copy:i": input i, when
+    every output has its shape), the fraction of the reference elements it fails under
+    `|out - ref| <= atol + rtol * |ref|` on this one forward's result; 0.0 means it passes everywhere.
 
     `ref_outputs` is one forward's result (a tensor, or a tuple/list of tensors) and `inputs` the
-    arguments that produced it; for several trials, call once per trial and keep the names that pass
-    in all of them. Outputs that are not all tensors are not probed (empty result).
+    arguments that produced it. Outputs that are not all tensors are not probed (empty result). A small
+    non-zero fraction marks a task whose check rests on a few elements: zeros are right almost
+    everywhere, so the task barely tells a kernel from no kernel (reported, not a degenerate flag).
     """
     refs = flatten_outputs(ref_outputs)
-    passing = []
+    fractions = {}
     for name, answer in _trivial_answers(refs, list(inputs)).items():
         stats = compare_outputs(answer, refs, atol, rtol)
-        if stats.mismatched_elements == 0:
-            passing.append(name)
-    return tuple(passing)
+        fractions[name] = stats.mismatched_elements / stats.total_elements if stats.mismatched_elements else 0.0
+    return fractions
+
+
+def trivial_solution_probe(ref_outputs: Any, inputs: list[Any], atol: float, rtol: float) -> tuple[str, ...]:
+    """Names of the trivial answers of `trivial_mismatch_fractions` that pass everywhere on these
+    reference outputs. A non-empty result flags the task as degenerate; for several trials, call once
+    per trial and keep the names that pass in all of them."""
+    return tuple(name for name, failed in trivial_mismatch_fractions(ref_outputs, inputs, atol, rtol).items()
+                 if failed == 0.0)
