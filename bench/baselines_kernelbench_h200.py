@@ -75,7 +75,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
     sys.path.insert(0, str(REPO / "src"))
 
 # bench/, this script's folder, is first on sys.path
-from probe_kernelbench_h200 import MODE, MUST_FLAG, find_kernelbench, judge, probe_task  # noqa: E402
+from probe_kernelbench_h200 import MODE, MUST_FLAG, find_kernelbench, judge, probe_task, task_order  # noqa: E402
 
 RESULT_NAME = "baselines-h200.json"
 DEFAULT_STATE = REPO / "bench" / "results" / RESULT_NAME
@@ -285,10 +285,6 @@ def group_stats(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             "beyond_hardware_bound": [t for t, r in measured if (r.get("hardware_fraction") or 0) > 1.0]}
 
 
-def task_order(task_id: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", task_id))
-
-
 def markdown(state: dict[str, Any]) -> str:
     def ms(value: Any) -> str:
         return "-" if value is None else f"{value:.4g}"
@@ -321,8 +317,8 @@ def markdown(state: dict[str, Any]) -> str:
               "- nearly trivial at 1e-2 (a trivial answer fails at most one element in a thousand), not flagged:"
               f" {', '.join(probe['near_trivial_1e-2']) or '-'}",
               "- listed as nearly constant in EVALUATION.md: found (flagged or nearly trivial at 1e-4 or 1e-2)"
-              f" {', '.join(sorted(probe['nearly_constant_found'], key=task_order)) or '-'}; missed"
-              f" {', '.join(sorted(probe['nearly_constant_missed'], key=task_order)) or '-'}",
+              f" {', '.join(probe['nearly_constant_found']) or '-'}; missed"
+              f" {', '.join(probe['nearly_constant_missed']) or '-'}",
               f"- flagged but not listed in EVALUATION.md: {', '.join(probe['flagged_not_listed']) or '-'}",
               "- eager or torch.compile below the speed-of-light bound of the measured peaks:"
               f" {', '.join(beyond) or '-'}",

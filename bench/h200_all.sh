@@ -9,7 +9,8 @@
 # CuTe kernel in parallel into the call's shared cache, so later steps find them built; name it first. A device call may run 10 minutes, so the
 # steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
 # what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
-# EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/),
+# EVALUATOR_SECTIONS picks the evaluator's sections, GPU_TESTS the test files (default: all of tests/; each test's
+# outcome, seconds and failure text go to gpu_tests/tests.txt as it ends, so a run cut off keeps them),
 # PROFILE_ARGS, BENCH_EVALUATE_ARGS, EVALUATOR_ARGS and BASELINES_ARGS add arguments to those scripts.
 # Needs the nvidia-cutlass wheel in .whl/ (installed offline into /tmp/site) and, for `probe` and
 # `baselines`, a KernelBench copy in .kernelbench/. `baselines` (eager and torch.compile baselines, SOL
@@ -39,7 +40,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
     baselines)      echo "560 python3 bench/baselines_kernelbench_h200.py --out $2 --kernelbench .kernelbench --cache $CACHE --budget-s $(( ${STEP_S:-560} - 30 )) ${BASELINES_ARGS:-}" ;;
-    gpu_tests)      echo "420 python3 -m pytest -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
+    gpu_tests)      echo "420 env CUTEGEN_TEST_REPORT=$2/tests.txt python3 -m pytest -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac
 }

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -48,6 +49,11 @@ TOLERANCES = (1e-4, 1e-2)
 # are within 1e-2 of every element but the few past 0.0101.
 NEAR_TRIVIAL_FRACTION = 1e-3
 SEEDS = (1, 2)
+
+
+def task_order(task_id: str) -> tuple[Any, ...]:
+    """Sort key of a task id: level2/9 before level2/10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", task_id))
 
 
 def find_kernelbench(arg: str | None) -> Path:
@@ -138,12 +144,12 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     nearly = NEARLY_CONSTANT & seen
     nearly_found = nearly & {r["task_id"] for r in rows if found(r)}
     return {
-        "must_flag_found": sorted(must & flagged),
-        "must_flag_missed": sorted(must - flagged),
-        "nearly_constant_flagged": sorted(NEARLY_CONSTANT & flagged),
-        "nearly_constant_found": sorted(nearly_found),
-        "nearly_constant_missed": sorted(nearly - nearly_found),
-        "flagged_not_listed": sorted(flagged - MUST_FLAG - NEARLY_CONSTANT),
+        "must_flag_found": sorted(must & flagged, key=task_order),
+        "must_flag_missed": sorted(must - flagged, key=task_order),
+        "nearly_constant_flagged": sorted(NEARLY_CONSTANT & flagged, key=task_order),
+        "nearly_constant_found": sorted(nearly_found, key=task_order),
+        "nearly_constant_missed": sorted(nearly - nearly_found, key=task_order),
+        "flagged_not_listed": sorted(flagged - MUST_FLAG - NEARLY_CONSTANT, key=task_order),
         "flagged_at_1e-4": len(flagged),
         "flagged_at_1e-2": sum(bool(r.get("trivial@0.01")) for r in rows),
         "near_trivial_at_1e-2": sum(bool(r.get("near_trivial@0.01")) and not r.get("trivial@0.01") for r in rows),

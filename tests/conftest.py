@@ -54,6 +54,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def pytest_runtest_logreport(report):
+    """With CUTEGEN_TEST_REPORT set, append each test's outcome and seconds, and a failure's text, to
+    that file as soon as the test ends: a GPU run cut off by its time limit keeps what it found (pytest
+    prints failures and writes --junitxml only at the end)."""
+    path = os.environ.get("CUTEGEN_TEST_REPORT")
+    if not path or not (report.when == "call" or report.outcome != "passed"):
+        return
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(f"{report.outcome.upper()} {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+        if report.failed:
+            out.write(report.longreprtext[-6000:] + "\n\n")
+
+
 @pytest.fixture(scope="session")
 def shared_build_cache(tmp_path_factory) -> Path:
     """The build cache of GPU tests that only use (not measure) builds: CUTEGEN_TEST_BUILD_CACHE when

@@ -216,3 +216,27 @@ def test_a_chunk_holds_what_the_budget_left_can_measure_and_none_starts_below_th
     runner.deadline = b.time.monotonic() + 10_000.0  # --chunk bounds it
     assert runner.next_chunk(pending) == pending[:2] and runner.next_chunk(pending[2:]) == pending[2:5]
     assert runner.run["added"] == [] and runner.done == 0
+
+
+def test_two_baseline_files_are_compared_task_by_task(tmp_path):
+    def state(eager_ms, job):
+        row = {"eager": {"median_ms": eager_ms}, "compiled": None, "noise_pct": 0.5, "worker_job": job}
+        return {"tasks": {"level1/10": {"tracks": {"fp32": row}}, "level1/9": {"tracks": {"fp32": row, "tf32": row}}},
+                "runs": [{"started_utc": "2026-12-01T10:00"}], "manifest": {"gpu_name": "H200"}}
+
+    (tmp_path / "a.json").write_text(json.dumps(state(2.0, None)))
+    b = state(2.1, 3)
+    b["tasks"].pop("level1/10")  # measured in one file only: left out
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "compare_baselines.py"), str(tmp_path / "a.json"),
+                          str(tmp_path / "b.json"), "--out", str(tmp_path / "c.md"), "--label-b", "reused"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "fp32 eager: n 1, median +5.00%" in run.stdout and "tf32 eager: n 1" in run.stdout
+    table = (tmp_path / "c.md").read_text()
+    assert "| level1/9 | fp32 | eager | 2 | 2.1 | +5.00 | 0.50 / 0.50 | - / 3 |" in table
+    assert "level1/10" not in table
+    (tmp_path / "bad.json").write_text("{}")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "compare_baselines.py"), str(tmp_path / "bad.json"),
+                          str(tmp_path / "b.json"), "--out", str(tmp_path / "c.md")], capture_output=True, text=True)
+    assert run.returncode == 2 and "no 'tasks' in it" in run.stderr
