@@ -122,7 +122,7 @@ class BaselineWorker:
 
         if self.worker is None:
             return
-        if not getattr(self.worker, "closed", False):
+        if not self.worker.closed:
             try:
                 reply = self.worker.call("release", timeout_s=timeout_s)
             except WorkerDied:
