@@ -366,10 +366,10 @@ def precompile_job(task: Any, config: Any) -> dict[str, Any]:
     input set (the `compile` command then makes the one call that compiles): the same model, inputs,
     track flags and grad mode, so the graph inductor compiles, and its cache key, are the ones the
     measurement will ask for."""
-    from cutegen.evaluate.session import make_job
+    from cutegen.evaluate.jobs import reference_job
 
-    return make_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
-                    keep_on_device=True)
+    return reference_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False, exact=False,
+                         reusable=True)
 
 
 def precompile_one(held: Any, task: Any, config: Any, deadline: float) -> dict[str, Any]:
@@ -574,7 +574,7 @@ def probe_is_broken(device: str) -> bool:
     error), so that no later task's probe records that error as its own."""
     if device != "cuda":
         return False
-    from cutegen.evaluate.session import cuda_healthy
+    from cutegen.evaluate.protocol import cuda_healthy
 
     return not cuda_healthy()
 

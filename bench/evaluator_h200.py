@@ -47,7 +47,7 @@ from _common import run_section  # noqa: E402 - bench/, this script's folder, is
 
 from cutegen.config import EvalConfig  # noqa: E402
 from cutegen.evaluate.pipeline import evaluate_candidate, prebuild_candidates  # noqa: E402
-from cutegen.evaluate.worker import WorkerPool  # noqa: E402
+from cutegen.evaluate.service import Evaluator  # noqa: E402
 from cutegen.tasks import load_task  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests"))  # the fixtures' header rules, shared with the tests
@@ -84,31 +84,39 @@ def judge_row(path: Path, verdict: Any, expected: str | None, started: float) ->
             "stage_s": dict(verdict.stage_s)}
 
 
-def run_one(path: Path, config: EvalConfig, pool: WorkerPool, expected: str | None) -> dict[str, Any]:
+def run_one(path: Path, config: EvalConfig, service: Evaluator, expected: str | None) -> dict[str, Any]:
     info = header(path)
     started = time.perf_counter()
     backend = info.get("backend", "cute")
     try:
         task = load_task(task_path(path, REPO))
-        verdict = evaluate_candidate(path, task, replace(config, backend=backend), pool=pool)
+        verdict = evaluate_candidate(path, task, replace(config, backend=backend), service)
     except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
         return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": None,
                 "status": "ERROR", "error": f"{type(err).__name__}: {err}"[:800]}
     return judge_row(path, verdict, expected, started)
 
 
+def run_many(jobs: list[tuple[Path, EvalConfig, str | None]], service: Evaluator) -> list[dict[str, Any]]:
+    """The evaluations side by side: each builds in the service's CPU pool while others hold the GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(service.lanes) + service.build_jobs) as pool:
+        return list(pool.map(lambda job: run_one(job[0], job[1], service, job[2]), jobs))
+
+
 def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
     config = replace(ctx["config"], do_timing=False)
-    rows = [run_one(p, config, ctx["pool"], header(p).get("caught-by"))
-            for p in sorted((FIXTURES / "cheats").glob("*.py"))]
+    rows = run_many([(p, config, header(p).get("caught-by")) for p in sorted((FIXTURES / "cheats").glob("*.py"))],
+                    ctx["service"])
     return {"rows": rows, "ok": sum(r["status"].startswith("OK") for r in rows), "total": len(rows)}
 
 
 def section_honest(ctx: dict[str, Any]) -> dict[str, Any]:
     timed = replace(ctx["config"], timing_trials=30)
     paths = sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py"))
-    rows = [run_one(p, timed if header(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
-                    ctx["pool"], None) for p in paths]
+    rows = run_many([(p, timed if header(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
+                      None) for p in paths], ctx["service"])
     return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
 
 
@@ -119,8 +127,8 @@ def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
         info = header(path)
         if info.get("device") not in ("cuda", "any"):
             continue
-        row = run_one(path, replace(config, backend=info.get("backend", "cute")), ctx["pool"], info["fault"])
-        after = run_one(SWISH_CUTE, config, ctx["pool"], None)
+        row = run_one(path, replace(config, backend=info.get("backend", "cute")), ctx["service"], info["fault"])
+        after = run_one(SWISH_CUTE, config, ctx["service"], None)
         row["next_evaluation"] = after["status"]
         row["status"] = "OK" if row["status"] == "OK" and after["status"] == "OK" else "NOT-OK"
         rows.append(row)
@@ -303,9 +311,9 @@ def section_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
     built = prebuild_candidates(paths, config, jobs=jobs)
     build_wall = time.perf_counter() - started
     task = task_for("swish_scale")
-    evaluate_candidate(SWISH_CUTE, task, config, pool=ctx["pool"])  # baselines measured and cached first
+    evaluate_candidate(SWISH_CUTE, task, config, ctx["service"])  # baselines measured and cached first
     started = time.perf_counter()
-    verdicts = [evaluate_candidate(p, task, config, pool=ctx["pool"]) for p in paths]
+    verdicts = [evaluate_candidate(p, task, config, ctx["service"]) for p in paths]
     eval_wall = time.perf_counter() - started
     return {"candidates": len(paths), "build_jobs": jobs, "build_wall_s": build_wall,
             "builds_ok": sum(b["ok"] for b in built), "build_errors": [b for b in built if not b["ok"]][:3],
@@ -350,17 +358,15 @@ def main() -> int:
     args = parser.parse_args()
     from cutegen.cli import env
     from cutegen.manifest import machine_manifest
-    from cutegen.runtime import normalize_arch
 
     begun = time.perf_counter()
     cache = args.cache or Path(tempfile.mkdtemp(prefix="cutegen-bench-eval-"))
     runtime = replace(env.runtime_config(), cache_dir=cache / "build")
     results: dict[str, Any] = {"manifest": machine_manifest(runtime), "sections": {}}
-    with WorkerPool("cuda") as pool:
-        major, minor = pool.info()["capability"]  # prebuilds and evaluations must share cache keys
-        runtime = replace(runtime, arch=runtime.arch or normalize_arch(f"sm_{major}{minor}"))
-        ctx = {"pool": pool, "config": EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime,
-                                                  run_timeout_s=120.0, compile_baseline=args.compile_baseline)}
+    with Evaluator("cuda") as service:
+        config = EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime, run_timeout_s=120.0,
+                            compile_baseline=args.compile_baseline)
+        ctx = {"service": service, "config": service.with_arch(config)}  # builds and evaluations share keys
         for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
             if time.perf_counter() - begun > args.budget_s:
                 results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}

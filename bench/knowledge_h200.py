@@ -274,19 +274,19 @@ def evaluate_all(runtime: Any, cache: Path, began: float, results: dict[str, Any
     """Each example on its task through the evaluator (fp32 track, eager baseline only)."""
     from cutegen.config import EvalConfig
     from cutegen.evaluate.pipeline import evaluate_candidate
-    from cutegen.evaluate.worker import WorkerPool
+    from cutegen.evaluate.service import Evaluator
     from cutegen.tasks import load_task
 
     config = EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime, correctness_trials=2,
                         weight_seeds=1, timing_trials=30, compile_baseline=False, run_timeout_s=150.0)
-    with WorkerPool("cuda") as pool:
+    with Evaluator("cuda") as service:
         for name, task in EVALUATE.items():
             if time.perf_counter() - began > EVALUATE_UNTIL_S:
                 results["evaluations"][name] = {"skipped": "wall-time budget spent"}
                 continue
             started = time.perf_counter()
             try:
-                verdict = evaluate_candidate(CANDIDATES / f"{name}.py", load_task(TASKS / f"{task}.py"), config, pool=pool)
+                verdict = evaluate_candidate(CANDIDATES / f"{name}.py", load_task(TASKS / f"{task}.py"), config, service)
                 errors = verdict.errors
                 results["evaluations"][name] = {
                     "task": task, "passed": verdict.passed, "stage": verdict.stage, "failure": verdict.failure,

@@ -143,12 +143,12 @@ def query_metrics(out: Path, ncu: str | None) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ one case
 
 
-def evaluate(case: dict[str, Any], config: EvalConfig, pool: Any) -> dict[str, Any]:
+def evaluate(case: dict[str, Any], config: EvalConfig, service: Any) -> dict[str, Any]:
     from cutegen.evaluate.pipeline import evaluate_candidate
     from cutegen.tasks import load_task
 
     started = time.perf_counter()
-    verdict = evaluate_candidate(case["candidate"], load_task(case["task"]), config, pool=pool)
+    verdict = evaluate_candidate(case["candidate"], load_task(case["task"]), config, service)
     errors = verdict.errors
     return {"passed": verdict.passed, "failure": verdict.failure, "feedback": verdict.feedback[:600],
             "median_ms": verdict.timing.median_ms if verdict.timing else None,
@@ -286,7 +286,7 @@ def run_case(case: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         if case["evaluate"]:
-            row["evaluation"] = evaluate(case, ctx["eval_config"], ctx["pool"])
+            row["evaluation"] = evaluate(case, ctx["eval_config"], ctx["service"])
         row["profile"] = profile(case, ctx["profile_config"], ctx["eval_config"], ctx["out"])
         row["agreement"] = agreement(case, row.get("evaluation"), row["profile"])
         if case["name"] == "matmul":
@@ -306,10 +306,9 @@ def main() -> int:
     args = parser.parse_args()
     from cutegen.cli import env
     from cutegen.evaluate.pipeline import prebuild_candidates
-    from cutegen.evaluate.worker import WorkerPool
+    from cutegen.evaluate.service import Evaluator
     from cutegen.manifest import machine_manifest
     from cutegen.profile.run import find_tool
-    from cutegen.runtime import normalize_arch
 
     began = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -326,16 +325,15 @@ def main() -> int:
     if args.cases:
         wanted = {name.strip() for name in args.cases.split(",")}
         todo = [case for case in todo if case["name"] in wanted]
-    with WorkerPool("cuda") as pool:
-        with pool.worker() as probe:  # the device's arch, so prebuilds, evaluations and profiles share builds
-            major, minor = probe.info["capability"]
-        runtime = replace(runtime, arch=runtime.arch or normalize_arch(f"sm_{major}{minor}"))
+    with Evaluator("cuda") as service:
         eval_config = EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime, correctness_trials=2,
                                  weight_seeds=1, timing_trials=50, compile_baseline=False, run_timeout_s=150.0)
+        # the device's arch, so prebuilds, evaluations and profiles share builds
+        eval_config = service.with_arch(eval_config)
         started = time.perf_counter()
         results["prebuild"] = prebuild_candidates([c["candidate"] for c in todo if c["evaluate"]], eval_config, jobs=3)
         results["prebuild_wall_s"] = time.perf_counter() - started
-        ctx = {"pool": pool, "eval_config": eval_config, "out": args.out,
+        ctx = {"service": service, "eval_config": eval_config, "out": args.out,
                "profile_config": ProfileConfig(timeout_s=150.0)}
         for case in todo:
             results["cases"].append(run_case(case, ctx))

@@ -17,6 +17,8 @@ from cutegen.journal import Journal
 from cutegen.llm import request_sha256
 from cutegen.records import Message, Request
 
+from helpers import needs_nvcc
+
 REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "examples" / "tasks" / "swish_scale.py"
 REPLAY = REPO / "examples" / "replays" / "swish_scale_torch.jsonl"
@@ -122,6 +124,27 @@ def test_needs_gpu_status_and_help(tmp_path, cache):
     assert "needs a GPU" in out
     code, out = finish(cutegen(["optimize", "--help"], tmp_path, cache))
     assert code == 0 and "75" in out and "76" in out
+
+
+@needs_nvcc
+def test_split_execution_builds_and_repairs_without_a_gpu_and_stops_only_for_a_built_candidate(tmp_path, cache):
+    """On a machine with nvcc and no GPU (the architecture named), the CuTe replies' first kernel fails
+    to compile: that is judged here, the repair is asked for and built, and only then the run stops
+    with 76, the built candidate waiting for a GPU. The log gets one line per finished step."""
+    pytest.importorskip("cutlass_library")
+    replay = REPO / "examples" / "replays" / "swish_scale_cute.jsonl"
+    args = ["optimize", str(TASK), "--model", f"replay:{replay}", "--backend", "cute", "--device", "cuda",
+            "--runs-dir", "runs", "--run-id", "split"]
+    code, out = finish(cutegen(args, tmp_path, cache, CUTEGEN_ARCH="sm_90a", CUDA_VISIBLE_DEVICES=""), timeout=400)
+    assert code == 76, out
+    journal = Journal.open(tmp_path / "runs" / "split")
+    (first,) = journal.steps("swish_scale")
+    assert first.stage == "generate" and first.verdict.failure == "build_error" and first.verdict.gpu_s is None
+    assert "sigmoidf" in first.verdict.feedback and "build_pool" in dict(first.verdict.stage_s)
+    replies = journal.of_kind("reply")
+    assert [r["stage"] for r in replies] == ["generate", "repair_build"]  # the repair was asked and built
+    assert not journal.of_kind("evaluate")  # no evaluation of the built repair started
+    assert "swish_scale generate: failed at build: build_error" in out  # the log line of the finished step
 
 
 def test_missing_key_fails_before_a_run_directory_exists(tmp_path, cache):

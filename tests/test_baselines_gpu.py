@@ -64,22 +64,22 @@ def test_the_compiled_baseline_is_timed_with_no_compile_workers_alive(monkeypatc
     pytest.importorskip("triton")  # inductor starts its compile workers only for triton
     import torch
 
-    from cutegen.evaluate import baselines
+    from cutegen.evaluate import timing
 
     before = _children()
     alive: list[set[int]] = []
-    timed = baselines.time_forward
+    timed = timing.time_forward
 
     def spy(*args, **kwargs):
         alive.append(_children() - before)
         return timed(*args, **kwargs)
 
-    monkeypatch.setattr(baselines, "time_forward", spy)
+    monkeypatch.setattr(timing, "time_forward", spy)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()).cuda()
     sets = [[torch.randn(64, 256, device="cuda")]]
-    compiled, error = baselines.compile_reference(model, sets)
+    compiled, error = timing.compile_reference(model, sets)
     assert error is None
-    times = baselines.time_baseline(compiled, sets, torch.device("cuda", 0), {"trials": 5, "warmup": 2})
+    times = timing.time_baseline(compiled, sets, torch.device("cuda", 0), {"trials": 5, "warmup": 2})
     assert len(times) == 5 and alive == [set()]
 
 

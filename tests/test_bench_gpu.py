@@ -29,7 +29,7 @@ def test_evaluate_cute_files_and_compile_the_exported_op(tmp_path):
     tasks = load_tasks(REPO / "examples" / "tasks", "swish_scale,row_softmax")
     config = EvalConfig(device="cuda", backend="cute", timing_trials=20, compile_baseline=False,
                         cache_dir=tmp_path / "cache")
-    results = bench.evaluate_suite(tasks, folder, tmp_path / "run", config, prebuild_jobs=2)
+    results = bench.evaluate_suite(tasks, folder, tmp_path / "run", config, build_jobs=2)
     got = {(r.task_id, r.sample_id): (r.correctness, r.stage_reached, r.failure) for r in results}
     assert got[("swish_scale", 0)] == (True, "passed", None)
     assert got[("swish_scale", 1)] == (False, "build", "build_error")

@@ -111,6 +111,7 @@ INDIRECTIONS = [
      "import threading\n_Thread = threading.Thread", "check_no_concurrency"),
     ("37_dispatch_evasion.py", 'sys.modules.get("torch.utils._python_dispatch")',
      'sys.modules["torch.utils._python_dispatch"]', "check_no_patching"),
+    ("40_heap_reference.py", 'heap = sys.modules.get("gc")', "import gc\n        heap = gc", "check_no_frame_access"),
 ]
 
 

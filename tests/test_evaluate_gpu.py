@@ -11,7 +11,7 @@ import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
 from cutegen.evaluate.pipeline import evaluate_candidate
-from cutegen.evaluate.worker import WorkerPool
+from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool("cuda") as shared:
+def service():
+    with Evaluator("cuda") as shared:
         yield shared
 
 
@@ -36,8 +36,8 @@ def config(tmp_path_factory, shared_build_cache):
                       timing_trials=30, compile_baseline=False, run_timeout_s=60.0, build_timeout_s=120.0)
 
 
-def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(pool, config):
-    verdict = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), config, pool=pool)
+def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(service, config):
+    verdict = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), config, service)
     assert verdict.passed, verdict.feedback
     assert verdict.stage == "timing" and verdict.timing.trials == 30
     assert verdict.errors.max_abs_error <= 1e-4
@@ -46,6 +46,10 @@ def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(pool, confi
     assert "swish" in names["audit_kernels"].detail
     assert verdict.eager is not None and verdict.speedup_vs_eager > 0.5
     assert 0.0 < verdict.sol_fraction <= 1.0 + config.sol_slack
+    # The second candidate of the task finds its reference ready: no reference step, a shorter hold
+    again = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), config, service)
+    assert again.passed, again.feedback
+    assert "reference" not in dict(again.stage_s) and "reference" in dict(verdict.stage_s)
 
 
 @pytest.mark.parametrize("name, failure", [
@@ -55,11 +59,11 @@ def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(pool, confi
     ("device_oom", "out_of_memory"),
     ("build_hang", "build_timeout"),
 ])
-def test_gpu_faults_end_in_a_clear_verdict_and_the_next_evaluation_passes(name, failure, pool, config):
+def test_gpu_faults_end_in_a_clear_verdict_and_the_next_evaluation_passes(name, failure, service, config):
     faulty = replace(config, do_timing=False, run_timeout_s=20.0, build_timeout_s=20.0)
-    verdict = evaluate_candidate(FAULTS / f"{name}.py", load_task(SWISH_TASK), faulty, pool=pool)
+    verdict = evaluate_candidate(FAULTS / f"{name}.py", load_task(SWISH_TASK), faulty, service)
     assert not verdict.passed and verdict.failure == failure, verdict.feedback
-    after = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), replace(config, do_timing=False), pool=pool)
+    after = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), replace(config, do_timing=False), service)
     assert after.passed, after.feedback
 
 

@@ -1,7 +1,8 @@
 """The agent: one evolving kernel per task, through generate, repair and optimize stages.
 
 Per task (a coroutine; tasks run concurrently, model calls limited by a semaphore, evaluations
-queued to a thread pool in front of the evaluator):
+handed to threads in front of the evaluation service, which builds on the CPU cores and queues the
+GPU work per GPU, so one candidate builds while another is measured):
 
     generate ──► candidate ──► evaluate ──► passed? ──yes──► optimize rounds
         ▲                          │ no
@@ -30,14 +31,17 @@ Exit statuses of a session (`Agent.run`, and the `cutegen optimize` / `cutegen r
     0   every task finished (see the report for which found a correct kernel);
     75  EX_TEMPFAIL, waiting for replies: every unfinished task waits on an `exchange` reply file;
         write the reply files and run `cutegen resume RUN`;
-    76  needs a GPU: an unfinished task must evaluate a candidate and this machine has no CUDA device;
-        copy the run directory to a GPU machine and run `cutegen resume RUN` there (76 wins over 75:
-        the GPU machine advances those tasks, then stops at 75 if replies are still missing).
+    76  needs a GPU: an unfinished task has a candidate that passed every stage this machine can run
+        (static checks and, with nvcc and a known architecture, the build: a build error is judged
+        and repaired here) and this machine has no CUDA device; copy the run directory to a GPU
+        machine and run `cutegen resume RUN` there (76 wins over 75: the GPU machine advances those
+        tasks, then stops at 75 if replies are still missing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,9 +62,10 @@ EXIT_DONE = 0
 EXIT_WAITING = 75
 EXIT_NEEDS_GPU = 76
 
-Evaluator = Callable[[Path, Task, EvalConfig, Any], Verdict]
+Evaluator = Callable[..., Verdict]  # (path, task, config, service, device_available=...) -> Verdict
 Profiler = Callable[[Path, Task, EvalConfig], "str | None"]
 Progress = Callable[[TaskResult, str], None]
+StepDone = Callable[[Step], None]
 
 
 class _Halt(Exception):
@@ -108,33 +113,37 @@ class Agent:
     def __init__(
         self, journal: Journal, provider: Provider, config: AgentConfig, eval_config: EvalConfig, *,
         evaluate: Evaluator | None = None, profiler: Profiler | None = None,
-        gpu_available: Callable[[], bool] | None = None, pool: Any = None, on_progress: Progress | None = None,
+        gpu_available: Callable[[], bool] | None = None, service: Any = None, on_progress: Progress | None = None,
+        on_step: StepDone | None = None,
     ) -> None:
         self.journal, self.provider, self.cfg, self.eval_config = journal, provider, config, eval_config
         self.evaluate = evaluate or _evaluate_candidate
         self.profiler = profiler
         self.gpu_available = gpu_available or (lambda: _has_gpu(eval_config))
-        self.pool = pool  # the evaluator's WorkerPool; None with the default evaluator: one per run
-        self.on_progress = on_progress
+        self.service = service  # the evaluation service; None with the default evaluator: one per run
+        self.on_progress, self.on_step = on_progress, on_step
         self.states: dict[str, _TaskState] = {}
 
     async def run(self, tasks: list[Task]) -> int:
         """Advance every task as far as it can go; the exit status (module docstring)."""
         self._calls = asyncio.Semaphore(self.cfg.concurrency)
-        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.eval_config.gpus)))
-        own_pool = self.pool is None and self.evaluate is _evaluate_candidate
-        if own_pool:  # no process starts until the first evaluation that is not in the journal
-            from cutegen.evaluate.worker import WorkerPool
+        own = self.service is None and self.evaluate is _evaluate_candidate
+        if own:  # no process starts until the first evaluation that is not in the journal
+            from cutegen.evaluate.service import Evaluator
 
-            # On the CPU a warm spare would start (import torch) on the cores being timed.
-            self.pool = WorkerPool.for_config(self.eval_config, warm_spares=self.eval_config.device == "cuda")
+            self.service = Evaluator.for_config(self.eval_config)
+        # Threads in front of the service: more than its GPU lanes, so that candidates build in its CPU
+        # pool while another holds a GPU.
+        lanes = len(self.eval_config.gpus) if self.eval_config.device == "cuda" else 1
+        builds = getattr(self.service, "build_jobs", 1)
+        self._threads = ThreadPoolExecutor(max_workers=max(1, min(len(tasks), lanes + builds)))
         try:
             halts = await asyncio.gather(*(self._run_task(task) for task in tasks))
         finally:
-            self._gpu.shutdown(wait=True)
-            if own_pool:
-                self.pool.close()
-                self.pool = None
+            self._threads.shutdown(wait=True)
+            if own:
+                self.service.close()
+                self.service = None
         statuses = {halt.status for halt in halts}
         return EXIT_NEEDS_GPU if "needs_gpu" in statuses else EXIT_WAITING if "waiting" in statuses else EXIT_DONE
 
@@ -263,27 +272,37 @@ class Agent:
         path = self.journal.put_text("candidates", candidate.source, ".py", sha256=candidate.sha256)
         verdict = self.journal.verdict(key)
         if verdict is None:
-            verdict = await self._on_gpu(st, self._evaluate_recorded, key, candidate, path, st.task)
+            self._check_budget(only="GPU seconds")  # the reply is paid for: judge it unless the GPU budget is spent
+            st.activity = f"evaluating (round {st.round})" if st.round else "evaluating"
+            self._progress(st)
+            verdict = await asyncio.get_running_loop().run_in_executor(
+                self._threads, self._evaluate_recorded, key, candidate, path, st.task)
+            if verdict is None:
+                raise _Halt("needs_gpu", f"a built candidate waits for a GPU (backend {self.eval_config.backend},"
+                                         f" device {self.eval_config.device})")
         return verdict, key, path
 
-    def _evaluate_recorded(self, key: str, candidate: Candidate, path: str, task: Task) -> Verdict:
-        # The `evaluate` record marks an evaluation as started: one without a later step is the one
-        # a kill interrupted (and the only kind a resume runs again).
-        self.journal.append("evaluate", task_id=task.task_id, eval_key=key, candidate_sha256=candidate.sha256)
-        return self.evaluate(self.journal.run_dir / path, task, self.eval_config, self.pool)
+    def _evaluate_recorded(self, key: str, candidate: Candidate, path: str, task: Task) -> Verdict | None:
+        """The verdict, or None when the candidate passed what this machine can run and needs a GPU
+        (split execution: static checks and the build run here; a failure there is a verdict)."""
+        from cutegen.evaluate.pipeline import NeedsDevice
 
-    async def _on_gpu(self, st: _TaskState, fn: Callable, *args: Any) -> Any:
-        if not self.gpu_available():
-            raise _Halt("needs_gpu", f"needs a GPU to evaluate (backend {self.eval_config.backend},"
-                                     f" device {self.eval_config.device})")
-        self._check_budget(only="GPU seconds")  # the reply is paid for: judge it unless the GPU budget is spent
-        st.activity = f"evaluating (round {st.round})" if st.round else "evaluating"
-        self._progress(st)
-        return await asyncio.get_running_loop().run_in_executor(self._gpu, fn, *args)
+        available = self.gpu_available()
+        if available:
+            # The `evaluate` record marks an evaluation as started: one without a later step is the one
+            # a kill interrupted (and the only kind a resume runs again).
+            self.journal.append("evaluate", task_id=task.task_id, eval_key=key, candidate_sha256=candidate.sha256)
+        try:
+            return self.evaluate(self.journal.run_dir / path, task, self.eval_config, self.service,
+                                 device_available=available)
+        except NeedsDevice:
+            return None
 
     def _record(self, step: Step) -> None:
         if not self.journal.has_step(step.task_id, step.index):  # replayed steps are already there
             self.journal.append("step", **to_json(step))
+            if self.on_step is not None:
+                self.on_step(step)
 
     def _check_budget(self, only: str | None = None) -> None:
         """Before new spending: stop the task when a run-wide limit is reached."""
@@ -325,11 +344,20 @@ class Agent:
         if record is None:
             path = self.journal.run_dir / f"candidates/{st.best.candidate.sha256}.py"
             started = time.monotonic()
-            text = await self._on_gpu(st, self.profiler, path, st.task, self.eval_config)
+            if not self.gpu_available():
+                raise _Halt("needs_gpu", "the profile of the best kernel needs a GPU")
+            text = await asyncio.get_running_loop().run_in_executor(self._threads, self._profile_on_lane, path,
+                                                                    st.task)
             record = self.journal.append("profile", task_id=st.task.task_id, eval_key=key,
                                          candidate_sha256=st.best.candidate.sha256, text=text,
                                          gpu_s=round(time.monotonic() - started, 3))
         return record["text"]
+
+    def _profile_on_lane(self, path: Path, task: Task) -> str | None:
+        """The profiler holds a GPU lane of the service like an evaluation: nothing is timed beside it."""
+        lane = self.service.lane(task) if hasattr(self.service, "lane") else contextlib.nullcontext()
+        with lane:
+            return self.profiler(path, task, self.eval_config)
 
     # ------------------------------------------------------------------------------ state
 
@@ -404,7 +432,8 @@ def _has_gpu(config: EvalConfig) -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _evaluate_candidate(path: Path, task: Task, config: EvalConfig, pool: Any) -> Verdict:
+def _evaluate_candidate(path: Path, task: Task, config: EvalConfig, service: Any, *,
+                        device_available: bool = True) -> Verdict:
     from cutegen.evaluate.pipeline import evaluate_candidate
 
-    return evaluate_candidate(path, task, config, pool=pool)
+    return evaluate_candidate(path, task, config, service, device_available=device_available)

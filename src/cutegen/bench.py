@@ -63,6 +63,7 @@ SCHEMA_VERSION = 1
 BENCH_META = "bench.json"
 RESULTS = "results.json"
 VERDICTS = "verdicts.jsonl"
+THROUGHPUT = "throughput.json"
 _SAMPLE_FILE = re.compile(r"^(?P<stem>.+)_sample_(?P<sample>\d+)(?:_kernel)?\.py$")
 _KERNELBENCH_FILE = re.compile(r"^level_(?P<level>\d+)_problem_(?P<problem>\d+)_sample_(?P<sample>\d+)_kernel\.py$")
 
@@ -514,19 +515,23 @@ def _jobs(tasks: list[Task], found: dict[tuple[str, int], Path], out_dir: Path, 
     return jobs
 
 
-EvaluateProgress = Callable[[BenchTaskResult, int, int], None]  # (result, finished, total)
+EvaluateProgress = Callable[[BenchTaskResult, int, int, "Verdict | None"], None]  # (result, finished, total, verdict)
 
 
 def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalConfig, *,
-                   on_result: EvaluateProgress | None = None, prebuild_jobs: int = 0) -> list[BenchTaskResult]:
-    """Judge every candidate file in `folder` against its task with `evaluate_candidate`, one
-    evaluation per GPU at a time (config.gpus), and return a result per (task, sample) plus a
-    "missing" result per task without a file. Resumable: verdicts.jsonl keeps what is finished.
+                   on_result: EvaluateProgress | None = None, build_jobs: int | None = None) -> list[BenchTaskResult]:
+    """Judge every candidate file in `folder` against its task with `evaluate_candidate` and return a
+    result per (task, sample) plus a "missing" result per task without a file. Resumable:
+    verdicts.jsonl keeps what is finished.
 
-    `prebuild_jobs` > 0 builds the CuTe kernels of the remaining candidates first, in that many CPU
-    workers at once, so that the GPU evaluations find their builds in the cache.
+    One evaluation service for the suite (evaluate/service.py): candidates build in its CPU pool
+    (`build_jobs` at once; default: the cores the GPU lanes leave) while others are measured, one at a
+    time per GPU (config.gpus); a task's reference work is done once and serves all its samples.
+    Candidates are taken task by task, so a task's samples follow each other on a lane. Writes
+    throughput.json: this session's evaluations per minute and where their seconds went
+    (`throughput_summary`).
     """
-    from cutegen.evaluate.worker import WorkerPool
+    from cutegen.evaluate.service import Evaluator
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -539,52 +544,79 @@ def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalC
     def judged(record: dict, job: _Job) -> None:
         finished[0] += 1
         if on_result is not None:
-            on_result(_record_result(job.task, record), finished[0], len(jobs))
+            on_result(_record_result(job.task, record), finished[0], len(jobs), record.get("verdict"))
 
     for job in jobs:
         if job.key in log.done:
             judged(log.done[job.key], job)
-    if todo:
-        with WorkerPool.for_config(config) as pool:
-            config = _with_arch(config, pool)
-            if prebuild_jobs > 0 and config.backend == "cute":
-                from cutegen.evaluate.pipeline import prebuild_candidates
-
-                prebuild_candidates([out_dir / job.copy_path for job in todo], config, jobs=prebuild_jobs)
-            with ThreadPoolExecutor(max_workers=len(config.gpus)) as executor:
-                futures = {executor.submit(_judge, job, out_dir, config, pool, log): job for job in todo}
-                try:
-                    for future in as_completed(futures):
-                        judged(future.result(), futures[future])
-                except BaseException:  # a broken toolchain or an interrupt: start nothing more
-                    for future in futures:
-                        future.cancel()
-                    raise
+    if not todo:
+        return _collect(tasks, jobs, log)
+    started = time.perf_counter()
+    with Evaluator.for_config(config, build_jobs=build_jobs) as service:
+        config = service.with_arch(config)
+        lanes = len(service.lanes)
+        with ThreadPoolExecutor(max_workers=lanes + service.build_jobs) as executor:
+            futures = {executor.submit(_judge, job, out_dir, config, service, log): job for job in todo}
+            try:
+                for future in as_completed(futures):
+                    judged(future.result(), futures[future])
+            except BaseException:  # a broken toolchain or an interrupt: start nothing more
+                for future in futures:
+                    future.cancel()
+                raise
+    verdicts = [log.done[job.key].get("verdict") for job in todo]
+    summary = throughput_summary([v for v in verdicts if v is not None], time.perf_counter() - started,
+                                 lanes=lanes, build_jobs=service.build_jobs)
+    _write_json(out_dir / THROUGHPUT, summary)
     return _collect(tasks, jobs, log)
 
 
-def _with_arch(config: EvalConfig, pool: Any) -> EvalConfig:
-    """Set the build architecture from the device (so prebuilds on CPU workers and the evaluations
-    share cache keys); a probe worker reads it without creating a CUDA context in this process."""
-    from dataclasses import replace
+def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, build_jobs: int) -> dict[str, Any]:
+    """How fast a set of evaluations went, from the verdicts' own records (Verdict.gpu_s: seconds a
+    GPU lane was held; Verdict.stage_s: where they went).
 
-    from cutegen.runtime import normalize_arch
+    - `per_gpu_minute`: evaluations per minute of wall time per GPU lane, builds included (they
+      overlap the GPU work), the figure a run's length follows;
+    - `built`: evaluations of a candidate that built, on a lane where the task's reference was
+      ready (no reference step): the median and 90th percentile of their GPU seconds;
+    - `first`: a task's first evaluation on a lane (its reference process started, its baselines
+      looked up or measured): the median of its GPU seconds and of the reference and baselines steps;
+    - `stage_median_s`: the median seconds of each step over the evaluations that ran it.
+    """
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
 
-    if config.device != "cuda" or config.backend != "cute" or config.runtime.arch:
-        return config
-    with pool.worker() as probe:
-        capability = probe.info.get("capability")
-    if not capability:
-        return config
-    major, minor = capability
-    return replace(config, runtime=replace(config.runtime, arch=normalize_arch(f"sm_{major}{minor}")))
+    def p90(values: list[float]) -> float | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return round(ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)], 3)
+
+    steps = [dict(v.stage_s) for v in verdicts]
+    first = [v for v, st in zip(verdicts, steps) if "reference" in st]
+    built = [v for v, st in zip(verdicts, steps) if "reference" not in st and "setup" in st]
+    names: list[str] = []
+    for st in steps:
+        names += [n for n in st if n not in names]
+    return {
+        "evaluations": len(verdicts), "wall_s": round(wall_s, 3), "lanes": lanes, "build_jobs": build_jobs,
+        "per_gpu_minute": round(len(verdicts) / (wall_s / 60.0) / max(1, lanes), 3) if wall_s > 0 else None,
+        "gpu_s_total": round(sum(v.gpu_s or 0.0 for v in verdicts), 3),
+        "median_gpu_s": median([v.gpu_s or 0.0 for v in verdicts]),
+        "built": {"count": len(built), "median_gpu_s": median([v.gpu_s or 0.0 for v in built]),
+                  "p90_gpu_s": p90([v.gpu_s or 0.0 for v in built])},
+        "first": {"count": len(first), "median_gpu_s": median([v.gpu_s or 0.0 for v in first]),
+                  "median_reference_s": median([dict(v.stage_s).get("reference", 0.0) for v in first]),
+                  "median_baselines_s": median([dict(v.stage_s).get("baselines", 0.0) for v in first])},
+        "stage_median_s": {n: median([st[n] for st in steps if n in st]) for n in names},
+    }
 
 
-def _judge(job: _Job, out_dir: Path, config: EvalConfig, pool: Any, log: _VerdictLog) -> dict:
+def _judge(job: _Job, out_dir: Path, config: EvalConfig, service: Any, log: _VerdictLog) -> dict:
     from cutegen.evaluate.pipeline import evaluate_candidate
 
     try:
-        verdict = evaluate_candidate(out_dir / job.copy_path, job.task, config, pool=pool)
+        verdict = evaluate_candidate(out_dir / job.copy_path, job.task, config, service)
     except TaskError as err:  # the reference is broken: the task's problem, not the candidate's
         return log.add(job, None, err.problem)
     return log.add(job, verdict, None)
@@ -622,6 +654,27 @@ class ProgressSnapshot:
     gpu_s: float
     elapsed_s: float
     eta_s: float | None  # None until a task has finished in this session
+
+
+def step_line(task_id: str, label: str, verdict: Verdict | None, note: str | None = None) -> str:
+    """One line for a log about one finished step or evaluation: task, stage, verdict, speedups and
+    the seconds of each evaluation step (the GPU lane's and the build's)."""
+    if verdict is None:
+        return f"{task_id} {label}: {note or 'no verdict'}"
+    if verdict.passed:
+        parts = ["passed"]
+        if verdict.speedup_vs_eager is not None:
+            parts.append(f"{verdict.speedup_vs_eager:.3g}x vs eager")
+        if verdict.speedup_vs_compile is not None:
+            parts.append(f"{verdict.speedup_vs_compile:.3g}x vs torch.compile")
+        if verdict.sol_fraction is not None:
+            parts.append(f"{verdict.sol_fraction:.0%} of speed of light")
+        outcome = ", ".join(parts)
+    else:
+        outcome = f"failed at {verdict.stage}: {verdict.failure}"
+    seconds = " ".join(f"{step} {value:.1f}" for step, value in verdict.stage_s if value >= 0.05)
+    gpu = f"GPU {verdict.gpu_s:.1f} s" if verdict.gpu_s else "no GPU"
+    return f"{task_id} {label}: {outcome} | {gpu} | s: {seconds}"
 
 
 class SuiteProgress:

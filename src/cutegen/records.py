@@ -142,6 +142,12 @@ class TimingStats:
     min_ms: float
     iqr_ms: float
     trials: int
+    # A candidate's timing only (timing.time_forward): the medians of the time to the end event on the
+    # caller's stream and to the idle device, and how many calls were timed to the idle device
+    # because device work outlasted the stream. None where not measured (baselines, CPU runs).
+    stream_median_ms: float | None = None
+    idle_median_ms: float | None = None
+    past_stream_trials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,11 @@ class Verdict:
     degenerate: tuple[str, ...] = ()  # trivial solutions (zeros, a constant...) that pass the task
     noise_pct: float | None = None  # spread of the eager baseline timed twice; smaller gains are noise
     needs_review: bool = False  # a speedup above the review threshold (not a failure)
-    # (step, wall seconds) in order: baselines, worker, reference, build, correctness, anticheat, settle,
-    # timing, kernel_audit: where an evaluation's time goes
+    # (step, wall seconds) in first-call order, summed over each step's calls: where an evaluation's
+    # time went. Steps: build_pool (the CPU build, off the GPU), queue (waiting for a GPU lane),
+    # reference, baselines, peaks (a task's first evaluation on a lane), worker (waiting for a warm
+    # worker), setup, build (import and load), weights, run_trial, compare, determinism, anticheat,
+    # ghost, settle, timing, timed_outputs, kernel_audit. gpu_s is the time the lane was held.
     stage_s: tuple[tuple[str, float], ...] = ()
 
 

@@ -157,14 +157,18 @@ def _execute(journal, agent_config, eval_config) -> None:
 
     setup = load_run(journal)
     provider = _provider(setup.model, journal.run_dir.resolve())
+    from cutegen.cli.bench_cmd import step_printer
+
     rows: dict[str, tuple] = {t.task_id: (None, "queued") for t in setup.tasks}
-    with Live(_table(rows), console=console, refresh_per_second=4, transient=False) as live:
+    logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
+    with Live(_table(rows), console=console, refresh_per_second=4, transient=False, auto_refresh=not logging) as live:
         def on_progress(result, activity: str) -> None:
             rows[result.task_id] = (result, activity)
-            live.update(_table(rows))
+            if not logging:
+                live.update(_table(rows))
 
         agent = Agent(journal, provider, agent_config, eval_config, profiler=_profiler(agent_config, eval_config),
-                      on_progress=on_progress)
+                      on_progress=on_progress, on_step=step_printer() if logging else None)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
     results = [agent.result(t.task_id) for t in setup.tasks]

@@ -59,8 +59,9 @@ def bench_command(
     timing_trials: opt.TimingTrials = 100,
     compile_baseline: opt.CompileBaseline = True,
     gpus: str = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1 (default: every visible GPU)."),
-    prebuild_jobs: int = typer.Option(None, "--prebuild-jobs", help="--evaluate: CuTe builds at once on the CPU"
-                                      " before the GPU evaluations (default: half the CPU cores; 0: none)."),
+    build_jobs: int = typer.Option(None, "--build-jobs", "--prebuild-jobs", help="Candidate builds at once on the"
+                                   " CPU cores, beside the GPU evaluations (default: the cores the GPU lanes"
+                                   " leave)."),
     runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Run directory name; an existing one is resumed."),
     html: bool = typer.Option(True, "--report/--no-report", help="Write bench-report.md/.html at the end."),
@@ -78,9 +79,9 @@ def bench_command(
                                timing_trials=timing_trials, compile_baseline=compile_baseline,
                                gpus=_gpu_list(gpus, device))
     if evaluate is not None:
-        jobs = prebuild_jobs if prebuild_jobs is not None else max(1, (os.cpu_count() or 2) // 2)
-        status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id,
-                                          jobs if device == "cuda" else 0)
+        if build_jobs is not None and build_jobs < 1:
+            raise ConfigError(f"--build-jobs {build_jobs} is below 1.", "Give --build-jobs 1 or more.")
+        status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id, build_jobs)
     else:
         budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
                         wall_s=budget_wall_s)
@@ -148,18 +149,36 @@ def _run_agent(journal: Any, agent_config: Any, eval_config: Any) -> int:
     provider = _provider(setup.model, journal.run_dir.resolve())
     ids = [t.task_id for t in setup.tasks]
     progress = bench.SuiteProgress(ids, already_done=[i for i in ids if journal.task_end(i) is not None])
-    with Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False) as live:
+    logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
+    with Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False,
+              auto_refresh=not logging) as live:
         def on_progress(result: Any, activity: str) -> None:
             progress.update(result, activity)
-            live.update(_progress_table(progress))
+            if not logging:
+                live.update(_progress_table(progress))
 
-        agent = Agent(journal, provider, agent_config, eval_config, on_progress=on_progress)
+        agent = Agent(journal, provider, agent_config, eval_config, on_progress=on_progress,
+                      on_step=step_printer() if logging else None)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
+        live.update(_progress_table(progress))  # the final state (a log saw only the step lines)
     results = [agent.result(t.task_id) for t in setup.tasks]
     write_outputs(journal, results)
     journal.append("exit", status=status, pending=[r.task_id for r in results if r.status != "done"])
     return status
+
+
+def step_printer() -> Any:
+    """An Agent on_step callback printing one line per finished step (bench.step_line), flushed."""
+    from cutegen import bench
+
+    def on_step(step: Any) -> None:
+        label = f"{step.stage}" + (f" (round {step.round})" if step.round else "")
+        typer.echo(bench.step_line(step.task_id, label, step.verdict, step.bad_reply and f"unusable reply:"
+                                                                                       f" {step.bad_reply}"))
+        sys.stdout.flush()
+
+    return on_step
 
 
 def _progress_table(progress: Any) -> Table:
@@ -187,7 +206,7 @@ def _duration(seconds: float) -> str:
 
 
 def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, config: Any, runs_dir: Path,
-                    run_id: str | None, prebuild_jobs: int) -> tuple[int, Path]:
+                    run_id: str | None, build_jobs: int | None) -> tuple[int, Path]:
     from rich.progress import Progress
 
     from cutegen import bench
@@ -203,17 +222,38 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
         console.print(f"[yellow]not a candidate of any selected task (skipped):[/] {path}")
     console.print(f"{len(found)} candidate file(s) for {len({k[0] for k in found})} of {len(tasks)} task(s); results in {out}")
     bench.add_session(out, machine_manifest(config.runtime))
-    with Progress(console=console, transient=True) as bar:
+    logging = not sys.stdout.isatty()  # a log gets one line per verdict; a terminal a progress bar
+    with Progress(console=console, transient=True, disable=logging) as bar:
         job = bar.add_task("judging", total=len(found))
 
-        def on_result(result: Any, finished: int, total: int) -> None:
+        def on_result(result: Any, finished: int, total: int, verdict: Any = None) -> None:
             mark = "correct" if result.correctness else f"{result.stage_reached}: {result.failure}"
             bar.update(job, completed=finished, description=f"judged {result.task_id} sample {result.sample_id}: {mark}")
+            if logging:
+                typer.echo(f"[{finished}/{total}] " + bench.step_line(result.task_id, f"sample {result.sample_id}",
+                                                                     verdict, result.failure))
 
-        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, prebuild_jobs=prebuild_jobs)
+        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, build_jobs=build_jobs)
     bench.write_results(out, results, kind="evaluate", evaluation=eval_fingerprint(config))
     _print_summary(out)
+    _print_throughput(out)
     return 0, out
+
+
+def _print_throughput(out: Path) -> None:
+    import json
+
+    from cutegen import bench
+
+    path = out / bench.THROUGHPUT
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    built, first = data["built"], data["first"]
+    typer.echo(f"throughput: {data['evaluations']} evaluations in {data['wall_s']:.0f} s ="
+               f" {data['per_gpu_minute']} per GPU-minute (builds included); GPU s per evaluation of a built"
+               f" candidate: median {built['median_gpu_s']}, p90 {built['p90_gpu_s']}; a task's first:"
+               f" median {first['median_gpu_s']} ({path})")
 
 
 # ------------------------------------------------------------------------------ shared helpers

@@ -20,43 +20,10 @@ from typing import Any
 
 from cutegen.errors import TaskError
 from cutegen.evaluate.cache import load_json, save_json, slug
-from cutegen.evaluate.timing import summarize, time_forward
+from cutegen.evaluate.timing import summarize
 from cutegen.records import Baselines, Task, TimingStats, to_json
 
-_MAX_ERROR = 2000
-
-
-def time_baseline(fn: Any, sets: list[Any], device: Any, spec: dict[str, Any]) -> list[float]:
-    """In a worker: raw times of `fn` (the reference, eager or compiled) by the one protocol."""
-    return time_forward(fn, sets, device=device, trials=spec["trials"], warmup=spec["warmup"]).times_ms
-
-
-def compile_reference(model: Any, sets: list[Any]) -> tuple[Any, str | None]:
-    """In a worker: torch.compile(model) and its first call, which compiles (or loads the cache);
-    (the compiled model, None), or (None, why it failed)."""
-    import torch
-
-    try:
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(*sets[0])
-    except Exception as err:  # noqa: BLE001 - an unsupported op is a fact about the task, not a bug
-        return None, f"{type(err).__name__}: {err}"[:_MAX_ERROR]
-    finally:
-        _stop_compile_workers()
-    return compiled, None
-
-
-def _stop_compile_workers() -> None:
-    """End inductor's compile worker processes before the compiled model is timed. torch.compile
-    starts them in the background even when every graph comes from the cache (up to one per CPU,
-    each importing torch), and they would compete for the host with the timed calls, whose launch
-    cost is part of the time. A later recompile starts a new pool."""
-    from torch._inductor import async_compile
-
-    stop = getattr(async_compile, "shutdown_compile_workers", None)
-    if stop is not None:
-        stop()
+_MAX_ERROR = 2000  # characters of a compile error kept in a record
 
 
 def baselines_path(cache_dir: Path, task: Task, track: str, device_name: str, torch_version: str) -> Path:
@@ -93,8 +60,9 @@ class BaselineWorker:
     """One worker for the baseline measurements of task after task.
 
     A baseline job runs only the task's reference, which is trusted like the task file itself, and
-    its worker refuses a candidate (`make_job(..., keep_on_device=True)`), so the rule that gives every
-    candidate a fresh process is not needed between baselines. After each task the worker drops the
+    its worker refuses a candidate (a reference process never takes a candidate's job; see
+    protocol.py), so the rule that gives every candidate a fresh process is not needed between
+    baselines. After each task the worker drops the
     task's session (`release`: its tensors, compiled model and torch.compile's in-process caches) and
     the next task reuses the process, its CUDA context and torch.compile's loaded machinery. (With a
     fresh worker per task, a median H200 measurement of 17.6 s waited 3.2 s for the next worker to
@@ -171,18 +139,40 @@ def get_baselines(task: Task, config: Any, pool: Any, held: BaselineWorker | Non
     return baselines
 
 
-def _measure(task: Task, config: Any, worker: Any, compile_it: bool) -> tuple[Baselines, str | None]:
-    """The baselines in one worker: reference, compile, settle, eager twice, compiled. The compile
-    comes before the settle, so that the pool's new spare starts while it runs (the wait for the
-    spare took 3.2 s of each 17.6 s measurement on an H200 when it came after the reference alone)
-    and nothing is timed while either is busy. Returns (baselines, None), or (eager-less baselines,
-    why the worker died) when the compile killed or hung the worker before eager was timed."""
-    from cutegen.evaluate.session import make_job
+def measure_in_reference(task: Task, config: Any, worker: Any, info: dict[str, Any], settle: Any,
+                         reference_s: float | None = None) -> tuple[Baselines | None, str | None]:
+    """The task's baselines from the cache, or measured in its reference process (service.py), which
+    already holds the timing inputs: (baselines, None), or (eager-less baselines or None, why the
+    process died) when torch.compile killed or hung it (the caller starts a new reference process
+    and measures eager there with `compile_baseline` off). `reference_s`: what the reference process's
+    start cost, recorded as the measurement's reference seconds."""
+    if not (config.eager_baseline or config.compile_baseline):
+        return None, None
+    path = baselines_path(config.cache_dir, task, config.track, info["device_name"], info["torch_version"])
+    cached = load_baselines(path)
+    if _satisfies(cached, config):
+        return cached, None
+    worker.settle = settle
+    baselines, died = _measure(task, config, worker, config.compile_baseline, reference_s=reference_s)
+    if died is None:
+        save_json(path, to_json(baselines))
+    return baselines, died
+
+
+def _measure(task: Task, config: Any, worker: Any, compile_it: bool,
+             reference_s: float | None = None) -> tuple[Baselines, str | None]:
+    """The baselines in one worker: reference (unless `reference_s` says what it cost already: a
+    task's reference process, which holds the timing inputs),
+    compile, settle, eager twice, compiled. The compile comes before the settle, so that the pool's
+    new spare starts while it runs (the wait for the spare took 3.2 s of each 17.6 s measurement on
+    an H200 when it came after the reference alone) and nothing is timed while either is busy.
+    Returns (baselines, None), or (eager-less baselines, why the worker died) when the compile
+    killed or hung the worker before eager was timed."""
+    from cutegen.evaluate.jobs import reference_job, timing_spec
     from cutegen.evaluate.worker import WorkerDied
 
-    job = make_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1, probe=False,
-                   exact=False, keep_on_device=True)
-    seconds: dict[str, float] = {}
+    spec = timing_spec(config)
+    seconds: dict[str, float] = {} if reference_s is None else {"reference_s": round(reference_s, 3)}
     worker_job: int | None = None
     clock = time.perf_counter()
 
@@ -197,13 +187,16 @@ def _measure(task: Task, config: Any, worker: Any, compile_it: bool) -> tuple[Ba
 
     error = None
     try:
-        reference = _require(task, worker.call("reference", job, timeout_s=config.reference_timeout_s),
-                             "its reference")
-        worker_job = reference.get("worker_job")
-        lap("reference_s")
+        if reference_s is None:
+            job = reference_job(task, config, trials=config.timing_input_sets, adversarial=0, weight_seeds=1,
+                                probe=False, exact=False, reusable=True)
+            reference = _require(task, worker.call("reference", job, timeout_s=config.reference_timeout_s),
+                                 "its reference")
+            worker_job = reference.get("worker_job")
+            lap("reference_s")
         if compile_it:
             try:
-                reply = worker.call("baseline", {"kind": "compile"}, timeout_s=config.run_timeout_s)
+                reply = worker.call("baseline", {"kind": "compile", "timing": spec}, timeout_s=config.run_timeout_s)
             except WorkerDied as died:  # a compile that hangs or crashes: eager still counts
                 return record(), f"{died.reason}: {died.detail}"
             error = (reply.get("data") or {}).get("compile_error") if reply.get("ok") else \
@@ -213,7 +206,7 @@ def _measure(task: Task, config: Any, worker: Any, compile_it: bool) -> tuple[Ba
         lap("settle_s")
         eager = repeat = None
         if config.eager_baseline:
-            data = _require(task, worker.call("baseline", {"kind": "eager"}, timeout_s=config.run_timeout_s),
+            data = _require(task, worker.call("baseline", {"kind": "eager", "timing": spec}, timeout_s=config.run_timeout_s),
                             "the eager baseline")
             eager, repeat = summarize(data["eager"]), summarize(data["eager_repeat"])
             lap("eager_s")
@@ -225,7 +218,7 @@ def _measure(task: Task, config: Any, worker: Any, compile_it: bool) -> tuple[Ba
     compiled = None
     if compile_it and error is None:
         try:
-            reply = worker.call("baseline", {"kind": "compiled"}, timeout_s=config.run_timeout_s)
+            reply = worker.call("baseline", {"kind": "compiled", "timing": spec}, timeout_s=config.run_timeout_s)
         except WorkerDied as died:  # the compiled model hangs or crashes when run again
             reply = {"ok": True, "data": {"compiled": None, "compile_error": f"{died.reason}: {died.detail}"}}
         data = reply.get("data") or {"compiled": None, "compile_error": str(reply.get("error", ""))[:_MAX_ERROR]}

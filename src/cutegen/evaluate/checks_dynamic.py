@@ -332,38 +332,57 @@ def new_threads(before: set[int]) -> list[str]:
 # -------------------------------------------------------------------------------------- outputs
 
 
-def check_output_types(outputs: Any, ref_outputs: Any) -> list[str]:
+def output_spec(ref_outputs: Any) -> Any:
+    """What a correct output looks like (structure, and each tensor's shape, dtype, device and
+    layout), as JSON: the candidate's worker checks its outputs against this without ever holding the
+    reference's values."""
+    if isinstance(ref_outputs, (tuple, list)):
+        return {"sequence": [output_spec(r) for r in ref_outputs], "type": type(ref_outputs).__name__}
+    if isinstance(ref_outputs, torch.Tensor):
+        return {"tensor": {"shape": list(ref_outputs.shape), "dtype": str(ref_outputs.dtype),
+                           "device": str(ref_outputs.device), "layout": str(ref_outputs.layout)}}
+    return {"value": type(ref_outputs).__name__}
+
+
+def check_output_types(outputs: Any, expected: Any) -> list[str]:
     """Problems with the structure and metadata of the outputs, one line each (empty when fine).
 
     Defeats tensor subclasses and lazy wrappers (a `__torch_function__` that makes comparisons pass,
     or work deferred until the result is read), a cheaper dtype (fp16 for an fp32 task), and wrong
     shapes, devices, layouts or structure (a tuple where the reference returns a tensor).
-    Requires `type(x) is torch.Tensor` exactly.
+    Requires `type(x) is torch.Tensor` exactly. `expected` is the reference's output or its
+    `output_spec`; the device is compared by type and index, so the reference's process may run on
+    another copy of the same GPU.
     """
-    return _type_problems(outputs, ref_outputs, "output")
+    spec = expected if _is_spec(expected) else output_spec(expected)
+    return _type_problems(outputs, spec, "output")
 
 
-def _type_problems(out: Any, ref: Any, where: str) -> list[str]:
-    if isinstance(ref, (tuple, list)):
+def _is_spec(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) in (1, 2) and next(iter(value)) in ("sequence", "tensor", "value")
+
+
+def _type_problems(out: Any, spec: dict[str, Any], where: str) -> list[str]:
+    if "sequence" in spec:
+        items = spec["sequence"]
         if not isinstance(out, (tuple, list)):
-            return [f"{where}: a {type(out).__name__}, expected a sequence of {len(ref)} items"]
-        if len(out) != len(ref):
-            return [f"{where}: {len(out)} items, expected {len(ref)}"]
-        return [p for i, (o, r) in enumerate(zip(out, ref)) for p in _type_problems(o, r, f"{where}[{i}]")]
-    if not isinstance(ref, torch.Tensor):
-        same = type(out) is type(ref)
-        return [] if same else [f"{where}: a {type(out).__name__}, expected a {type(ref).__name__}"]
+            return [f"{where}: a {type(out).__name__}, expected a sequence of {len(items)} items"]
+        if len(out) != len(items):
+            return [f"{where}: {len(out)} items, expected {len(items)}"]
+        return [p for i, (o, s) in enumerate(zip(out, items)) for p in _type_problems(o, s, f"{where}[{i}]")]
+    if "value" in spec:
+        same = type(out).__name__ == spec["value"]
+        return [] if same else [f"{where}: a {type(out).__name__}, expected a {spec['value']}"]
     if not isinstance(out, torch.Tensor):
         return [f"{where}: a {type(out).__name__}, expected a torch.Tensor"]
     if type(out) is not torch.Tensor:
         return [f"{where}: a {type(out).__module__}.{type(out).__qualname__}, expected exactly torch.Tensor"
                 " (no subclasses or wrappers)"]
-    problems = []
-    for field in ("shape", "dtype", "device", "layout"):
-        got, expected = getattr(out, field), getattr(ref, field)
-        if got != expected:
-            problems.append(f"{where}: {field} {got}, expected {expected}")
-    return problems
+    want = spec["tensor"]
+    got = {"shape": str(out.shape), "dtype": str(out.dtype), "device": str(out.device), "layout": str(out.layout)}
+    expected = dict(want, shape=str(torch.Size(want["shape"])))
+    return [f"{where}: {name} {got[name]}, expected {expected[name]}" for name in ("shape", "dtype", "device", "layout")
+            if got[name] != expected[name]]
 
 
 def check_nonfinite(outputs: Any, ref_outputs: Any) -> list[str]:
@@ -383,7 +402,9 @@ def check_nonfinite(outputs: Any, ref_outputs: Any) -> list[str]:
         bad = ~torch.isfinite(out) & torch.isfinite(ref.to(out.device))
         count = int(bad.sum())
         if count:
-            first = tuple(bad.nonzero()[0].tolist())
+            # argmax, not nonzero(): a gigabyte output full of NaN would make nonzero() list them all
+            flat = int(bad.reshape(-1).to(torch.uint8).argmax())
+            first = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), out.shape)) if out.dim() else ()
             problems.append(f"output[{k}]: {count} NaN/Inf elements where the reference is finite"
                             f" (first at {first})")
     return problems
@@ -423,35 +444,72 @@ def _cloned(inputs: Sequence[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def _leaves64(outputs: Any) -> list[torch.Tensor]:
-    return [t.detach().to("cpu", torch.float64) for t in flatten_outputs(outputs) if isinstance(t, torch.Tensor)]
+def _tensor_leaves(outputs: Any) -> list[torch.Tensor]:
+    return [t.detach() for t in flatten_outputs(outputs) if isinstance(t, torch.Tensor)]
 
 
-def _moved(before: list[torch.Tensor], after: list[torch.Tensor], tol: float) -> torch.Tensor:
-    """Per element of all outputs: how far it moved, scaled by (tol + tol * |before|)."""
-    parts = []
-    for old, new in zip(before, after):
-        if old.shape != new.shape:
-            return torch.zeros(0, dtype=torch.float64)
-        scale = tol + tol * old.abs()
-        parts.append(torch.nan_to_num((new - old).abs() / scale, nan=0.0, posinf=1e30).flatten())
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+GHOST_REFERENCE_FACTOR = 10.0  # how far (in tolerances) a reference element must move to be judged
+GHOST_CANDIDATE_FACTOR = 1.0  # how far the candidate's element must then move too
 
 
-def _perturbed(inputs: Sequence[Any], index: int) -> tuple[list[Any], int]:
-    """A copy of the inputs with one element of input `index`, at a position the candidate cannot
-    predict, moved by a large amount (8 x (max |x| + 1))."""
+def ghost_perturbations(inputs: Sequence[Any]) -> list[tuple[int, int, float]]:
+    """(input index, flat position, amount) for each float input: one element at a position the
+    candidate cannot predict (drawn with `secrets`), moved by 8 x (max |x| + 1)."""
+    plan = []
+    for index, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0:
+            delta = 8.0 * (float(value.detach().abs().max()) + 1.0)
+            plan.append((index, secrets.randbelow(value.numel()), delta))
+    return plan
+
+
+def perturbed(inputs: Sequence[Any], index: int, position: int, delta: float) -> list[Any]:
+    """A copy of the inputs with input `index` moved by `delta` at flat `position` (the same float
+    addition in every process that applies it, so the reference's and the candidate's processes see
+    the same perturbed input)."""
     changed = _cloned(inputs)
-    tensor = changed[index]
-    flat = tensor.view(-1) if tensor.is_contiguous() else None
-    position = secrets.randbelow(tensor.numel())
-    delta = 8.0 * (float(tensor.abs().max()) + 1.0)
-    if flat is None:
-        tensor = tensor.contiguous()
-        changed[index] = tensor
-        flat = tensor.view(-1)
-    flat[position] += delta
-    return changed, position
+    tensor = changed[index].contiguous()
+    changed[index] = tensor
+    tensor.view(-1)[position] += delta
+    return changed
+
+
+def moved_mask(before: Any, after: Any, tol: float, factor: float) -> torch.Tensor | None:
+    """Per element of all output leaves (flattened, concatenated): whether it moved by more than
+    `factor` x (tol + tol * |before|); None when the shapes differ. Computed in float64 chunks on the
+    outputs' device, so a gigabyte output needs no host copy and no float64 copy of itself."""
+    from cutegen.evaluate.compare import CHUNK_ELEMENTS
+
+    olds, news = _tensor_leaves(before), _tensor_leaves(after)
+    if len(olds) != len(news) or any(o.shape != n.shape for o, n in zip(olds, news)):
+        return None
+    parts = []
+    for old, new in zip(olds, news):
+        flat_old, flat_new = old.reshape(-1), new.reshape(-1).to(old.device)
+        mask = torch.empty(flat_old.numel(), dtype=torch.bool, device=old.device)
+        for start in range(0, flat_old.numel(), CHUNK_ELEMENTS):
+            o = flat_old[start:start + CHUNK_ELEMENTS].to(torch.float64)
+            n = flat_new[start:start + CHUNK_ELEMENTS].to(torch.float64)
+            moved = torch.nan_to_num((n - o).abs() / (tol + tol * o.abs()), nan=0.0, posinf=1e30)
+            mask[start:start + CHUNK_ELEMENTS] = moved > factor
+        parts.append(mask)
+    return torch.cat(parts) if len(parts) != 1 else parts[0]
+
+
+def ghost_finding(index: int, position: int, candidate_moved: torch.Tensor | None,
+                  reference_moved: torch.Tensor) -> str | None:
+    """The ghost probe's judgement of one perturbed input: every element the reference moved (by
+    GHOST_REFERENCE_FACTOR tolerances) must move in the candidate's output too."""
+    if candidate_moved is None or candidate_moved.numel() != reference_moved.numel():
+        return f"changing input {index} changed the shape of the candidate's output"
+    reference_moved = reference_moved.to(candidate_moved.device)
+    followed = int((candidate_moved & reference_moved).sum())
+    expected = int(reference_moved.sum())
+    if followed < expected:
+        return (f"changing input {index} at flat position {position} moved {expected} reference"
+                f" output elements, but only {followed} of the candidate's: its output does not"
+                " depend on its inputs as the reference's does (precomputed or ignored input?)")
+    return None
 
 
 def ghost_probe(
@@ -466,30 +524,24 @@ def ghost_probe(
 
     Defeats ghost kernels: outputs computed ahead of time (in __init__ from a guessed seed, or read
     from a file), and kernels that ignore part of their input. For each float input, one element at
-    an unpredictable position is moved by a large amount; wherever the reference's output moves by
-    more than 10 x (tol + tol * |ref|), the candidate's must move by more than (tol + tol * |out|)
-    too, which any candidate within tolerance of the reference on both calls does. Pass the track's
-    tolerance as `tol` (the larger of atol and rtol). `run_*` are called as `run(*inputs)` on fresh
-    clones.
+    an unpredictable position is moved by a large amount (`ghost_perturbations`); wherever the
+    reference's output moves by more than 10 x (tol + tol * |ref|), the candidate's must move by
+    more than (tol + tol * |out|) too (`ghost_finding`), which any candidate within tolerance of the
+    reference on both calls does. Pass the track's tolerance as `tol` (the larger of atol and rtol).
+    `run_*` are called as `run(*inputs)` on fresh clones. The evaluator runs the same parts split
+    between the reference's process and the candidate's (pipeline.py); this is them in one process.
     """
-    base_ref = _leaves64(run_reference(*_cloned(inputs)))
-    base_cand = _leaves64(run_candidate(*_cloned(inputs)))
-    for index, value in enumerate(inputs):
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0):
+    base_ref = run_reference(*_cloned(inputs))
+    base_cand = run_candidate(*_cloned(inputs))
+    for index, position, delta in ghost_perturbations(inputs):
+        changed = perturbed(inputs, index, position, delta)
+        ref_moved = moved_mask(base_ref, run_reference(*_cloned(changed)), tol, GHOST_REFERENCE_FACTOR)
+        if ref_moved is None or not bool(ref_moved.any()):
             continue
-        changed, position = _perturbed(inputs, index)
-        ref_moved = _moved(base_ref, _leaves64(run_reference(*_cloned(changed))), tol) > 10.0
-        if not bool(ref_moved.any()):
-            continue
-        cand_moved = _moved(base_cand, _leaves64(run_candidate(*_cloned(changed))), tol) > 1.0
-        if cand_moved.numel() != ref_moved.numel():
-            return f"changing input {index} changed the shape of the candidate's output"
-        followed = int((cand_moved & ref_moved).sum())
-        expected = int(ref_moved.sum())
-        if followed < expected:
-            return (f"changing input {index} at flat position {position} moved {expected} reference"
-                    f" output elements, but only {followed} of the candidate's: its output does not"
-                    " depend on its inputs as the reference's does (precomputed or ignored input?)")
+        cand_moved = moved_mask(base_cand, run_candidate(*_cloned(changed)), tol, GHOST_CANDIDATE_FACTOR)
+        finding = ghost_finding(index, position, cand_moved, ref_moved)
+        if finding:
+            return finding
     return None
 
 

@@ -73,6 +73,9 @@ _TORCH_NONTENSOR_RESULTS = frozenset(
         "torch.cuda.current_device", "torch.cuda.device", "torch.cuda.get_device_properties",
         "torch.cuda.get_device_capability", "torch.cuda.get_device_name", "torch.cuda.is_available",
         "torch.cuda.device_count", "torch.cuda.synchronize", "torch.is_grad_enabled",
+        # The extension module a KernelBench-format candidate builds: its functions are the
+        # candidate's own kernels, whatever they are named (`mod.relu(x)` is not Tensor.relu).
+        "torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load",
     }
 )
 

@@ -40,14 +40,15 @@ def trial_plan(correctness_trials: int, adversarial_trials: int, weight_seeds: i
 # ------------------------------------------------------------------------------------- in the worker
 
 
-def to_device(value: Any, device: Any) -> Any:
-    """A fresh copy of a tensor (or nested list/tuple of them) on `device`; other values as they are."""
+def to_device(value: Any, device: Any, copy_: bool = True) -> Any:
+    """A fresh copy of a tensor (or nested list/tuple of them) on `device`; other values as they are.
+    `copy_=False` moves without copying what is already there."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to(device, copy=True)
+        return value.detach().to(device, copy=copy_)
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
+        return type(value)(to_device(v, device, copy_) for v in value)
     return copy.deepcopy(value)
 
 
@@ -101,17 +102,31 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
     inputs = None
     if device is not None and torch.device(device).type == "cuda":
         try:
-            torch.manual_seed(seed)  # seeds the host's and every device's generator
+            _seed_all(seed)  # seeds the host's and every device's generator
             with torch.device(device):
                 inputs = list(module.get_inputs())
         except Exception:  # noqa: BLE001 - the host draw below raises the task's own error, if any
             torch.cuda.empty_cache()
     if inputs is None:
-        torch.manual_seed(seed)
+        _seed_all(seed)
         inputs = list(module.get_inputs())
     if adversarial is not None:
         inputs = [adversarial_like(x, seed + k, *adversarial) for k, x in enumerate(inputs)]
-    return to_device(inputs, home)
+    return to_device(inputs, home, copy_=False)  # freshly drawn: nothing else holds them
+
+
+def _seed_all(seed: int) -> None:
+    """Seed torch (host and devices) and, where a task draws from them, Python's and NumPy's
+    generators: the reference's process and the candidate's draw the same inputs from one seed."""
+    import random
+    import sys
+
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)
 
 
 def build_model(cls: type, init_inputs: Sequence[Any], seed: int, device: Any) -> Any:
@@ -156,6 +171,7 @@ class Trial:
     ref_mutates: list[int] = field(default_factory=list)
     note: str | None = None  # why an adversarial trial was made milder or skipped
     exact_delta: Any = None  # float64 result minus the reference (`exact_delta`), or None
+    strength: tuple[float, float] | None = None  # the adversarial strength its inputs were drawn with
 
 
 def run_reference(model: Any, trial_inputs: list[Any], device: Any, home: Any = "cpu") -> tuple[Any, list[int]]:
@@ -168,7 +184,7 @@ def run_reference(model: Any, trial_inputs: list[Any], device: Any, home: Any = 
     args = to_device(trial_inputs, device)
     with torch.no_grad():
         out = model(*args)
-    return to_device(out, home), inputs_mutated(trial_inputs, args)
+    return to_device(out, home, copy_=False), inputs_mutated(trial_inputs, args)
 
 
 def all_finite(value: Any) -> bool:
@@ -194,25 +210,28 @@ def exact_model(model: Any) -> Any | None:
 def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: Any) -> tuple[Any, str | None]:
     """(float64 result minus the reference per output leaf, or None; why not, or None).
 
-    The inputs' floating tensors are cast to float64 for a run of `model64` (from `exact_model`).
-    The difference is kept in float32 (float64 for a float64 reference): it only widens the tolerance
-    where the reference is itself inaccurate (compare.compare_outputs). It is dropped when any leaf is
-    not a floating tensor of the reference's shape, or when the float64 result differs from the
-    reference by more than EXACT_AGREEMENT (relative L2), which rounding alone never does.
+    The inputs' floating tensors are cast to float64 for a run of `model64` (from `exact_model`) on
+    `device`, where the difference stays (computed in chunks: no host copy, no float64 copy of the
+    reference). The difference is kept in float32 (float64 for a float64 reference): it only widens
+    the tolerance where the reference is itself inaccurate (compare.compare_outputs). It is dropped
+    when any leaf is not a floating tensor of the reference's shape, or when the float64 result
+    differs from the reference by more than EXACT_AGREEMENT (relative L2), which rounding alone
+    never does.
     """
     import torch
 
+    from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
+
     if model64 is None or reference is None:
         return None, "no float64 copy of the reference model"
-    args = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-            for t in to_device(trial_inputs, device)]
+    args = [t.detach().to(device, torch.float64) if isinstance(t, torch.Tensor) and t.is_floating_point()
+            else to_device(t, device) for t in trial_inputs]
     try:
         with torch.no_grad():
-            exact = to_device(model64(*args), "cpu")
+            exact = model64(*args)
     except Exception as err:  # noqa: BLE001 - an op without float64 support: the plain rule applies
         return None, f"float64 reference failed: {type(err).__name__}"
-    from cutegen.evaluate.compare import flatten_outputs
-
+    del args
     refs, exacts = flatten_outputs(reference), flatten_outputs(exact)
     if len(refs) != len(exacts):
         return None, "the float64 result does not match the reference's structure"
@@ -221,12 +240,21 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
         if not (isinstance(ref, torch.Tensor) and isinstance(ex, torch.Tensor) and ref.is_floating_point()
                 and ex.is_floating_point() and ex.shape == ref.shape):
             return None, "the float64 result does not match the reference's structure"
-        r = ref.double()
-        d = torch.where(torch.isfinite(r) & torch.isfinite(ex), ex.double() - r, torch.zeros_like(r))
-        scale = float(torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0).norm())
-        if float(d.norm()) > EXACT_AGREEMENT * scale:
+        delta = torch.empty(ref.shape, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32,
+                            device=ex.device)
+        flat_r, flat_e, flat_d = ref.detach().reshape(-1), ex.detach().reshape(-1), delta.view(-1)
+        sq_delta = sq_scale = 0.0
+        for start in range(0, flat_r.numel(), CHUNK_ELEMENTS):
+            r = flat_r[start:start + CHUNK_ELEMENTS].to(ex.device, torch.float64)
+            e = flat_e[start:start + CHUNK_ELEMENTS].double()
+            d = torch.where(torch.isfinite(r) & torch.isfinite(e), e - r, torch.zeros_like(r))
+            flat_d[start:start + CHUNK_ELEMENTS] = d
+            sq_delta += float((d * d).sum())
+            finite = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+            sq_scale += float((finite * finite).sum())
+        if math.sqrt(sq_delta) > EXACT_AGREEMENT * math.sqrt(sq_scale):
             return None, "the float64 result disagrees with the reference (random or dtype-specific forward)"
-        deltas.append(d.to(torch.float64 if ref.dtype == torch.float64 else torch.float32))
+        deltas.append(delta)
     return (deltas[0] if isinstance(reference, torch.Tensor) else deltas), None
 
 
@@ -244,7 +272,7 @@ def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_fini
         out, mutates = run_reference(model, inputs, device, home)
         if all_finite(out) or not clean_finite:
             note = None if strength == ADVERSARIAL_LADDER[0] else f"milder outliers (x{strength[0]:g})"
-            return Trial(spec["seed"], spec["weight"], True, inputs, out, mutates, note)
+            return Trial(spec["seed"], spec["weight"], True, inputs, out, mutates, note, strength=strength)
     return Trial(spec["seed"], spec["weight"], True, [], None, [],
                  "skipped: the reference is not finite on heavy-tailed inputs")
 

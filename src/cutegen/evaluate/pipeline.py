@@ -3,21 +3,30 @@
 them.)
 
 `evaluate_candidate` is the one entry point (the CLI, the agent and the benchmarks call it). Static
-checks read the source in this process (AST only, nothing runs); everything else runs in a fresh
-worker (worker.py) and comes back as measurements that this module turns into checks.
+checks read the source in this process (AST only, nothing runs); the build runs in the service's CPU
+build pool; everything else runs on a lane of the service (service.py): the candidate in a fresh
+worker (runner.py), its outputs compared in the task's reference process (reference.py). Both
+reply with measurements that this module turns into checks.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cutegen.config import HALF_DTYPES, EvalConfig
-from cutegen.errors import ConfigError, TaskError, ToolchainError
+from cutegen.errors import ConfigError, ToolchainError
 from cutegen.evaluate.verdict import Stop, VerdictBuilder, correct_feedback, crash_line, died_feedback, \
     error_failure, timing_feedback
 from cutegen.records import CheckResult, Finding, Task, Verdict
+
+
+class NeedsDevice(Exception):
+    """The candidate passed every stage this machine can run (static checks, the build) and needs the
+    evaluation device, which this machine does not have."""
 
 
 def read_candidate(path: Path) -> str:
@@ -32,28 +41,43 @@ def read_candidate(path: Path) -> str:
                           "Pass a readable UTF-8 Python source file.") from None
 
 
-def evaluate_candidate(candidate_path: Path, task: Task, config: EvalConfig,
-                       pool: Any | None = None) -> Verdict:
+def evaluate_candidate(candidate_path: Path, task: Task, config: EvalConfig, service: Any | None = None,
+                       *, device_available: bool = True) -> Verdict:
     """Judge one candidate for one task; the verdict is decided here, in the parent.
 
-    `pool` (a WorkerPool for config.device) lets successive evaluations reuse warmed workers; without
-    one a pool is made for this call and closed after it.
+    `service` (an `Evaluator` for config.device) keeps its processes between evaluations: the build
+    pool, warm workers, the task's reference process; without one an Evaluator is made for this call
+    and closed after it. With `device_available` False (split execution) the static checks and the
+    build run here and a candidate that passes them raises NeedsDevice instead of a verdict.
     """
-    from cutegen.evaluate.worker import WorkerPool
+    from cutegen.evaluate.service import Evaluator
     from cutegen.tasks import source_sha256
 
     source = read_candidate(candidate_path)
     run = VerdictBuilder(task.task_id, source_sha256(source), config)
-    own_pool = pool is None
+    own = service is None
     try:
         _static_stage(run, source, config)
-        pool = pool if pool is not None else WorkerPool.for_config(config, warm_spares=False)
-        _worker_stages(run, source, task, config, pool)
+        service = service if service is not None else Evaluator.for_config(config)
+        if device_available:
+            config = service.with_arch(config)
+        _build_stage(run, source, config, service)
+        if not device_available:
+            raise NeedsDevice(f"candidate {run.base['candidate_sha256'][:12]} of {task.task_id} built; it needs"
+                              f" a {config.device} device to be evaluated")
+        started = time.perf_counter()
+        with service.lane(task) as lane:
+            run.timed("queue", started)
+            held = time.perf_counter()
+            try:
+                _lane_stages(run, source, task, config, lane)
+            finally:
+                run.gpu_s = time.perf_counter() - held
     except Stop:
         pass
     finally:
-        if own_pool and pool is not None:
-            pool.close()
+        if own and service is not None:
+            service.close()
     return run.verdict()
 
 
@@ -73,13 +97,35 @@ def _static_stage(run: VerdictBuilder, source: str, config: EvalConfig) -> None:
     run.fail(findings[0].check, "Static checks rejected the candidate:\n" + "\n".join(lines))
 
 
+def _build_stage(run: VerdictBuilder, source: str, config: EvalConfig, service: Any) -> None:
+    """Build in the service's CPU pool (a candidate of a backend that requires its own kernels, or
+    any candidate that declares some): a compile error or a build timeout is judged here, without
+    the GPU; any other failure there is left to the candidate's worker, which imports and builds
+    again where the device is."""
+    if config.backend == "torch" and "CuteKernel" not in source and "load_inline" not in source:
+        return
+    run.stage = "build"
+    started = time.perf_counter()
+    reply = service.build(source, config, label=f"{run.base['task_id']}:{run.base['candidate_sha256'][:12]}")
+    run.timed("build_pool", started)
+    if reply.get("ok") or not reply.get("conclusive"):
+        return
+    run.log_tail = reply.get("log_tail", "")
+    if reply.get("died"):
+        run.fail(reply["died"], died_feedback(reply["died"], reply.get("detail", ""), "build",
+                                              config.build_timeout_s), detail=reply.get("detail"))
+    error = reply["error"]
+    run.fail(*error_failure(error, "build"), detail=error.get("traceback") or None)
+
+
 class _Calls:
-    """Sends commands to the worker; turns errors and deaths into failures at the current stage."""
+    """Sends commands to the candidate's worker; turns errors and deaths into failures at the
+    current stage."""
 
     def __init__(self, run: VerdictBuilder, worker: Any, config: EvalConfig) -> None:
         self.run, self.worker, self.config = run, worker, config
 
-    def __call__(self, command: str, payload: Any = None) -> Any:
+    def __call__(self, command: str, payload: Any = None, step: str | None = None) -> Any:
         from cutegen.evaluate.worker import WorkerDied
 
         build = command == "build"
@@ -96,8 +142,7 @@ class _Calls:
                 feedback += f" The candidate was at line {line} when it happened."
             self.run.fail(died.reason, feedback, detail=died.detail)
         finally:
-            self.run.gpu_s += time.perf_counter() - started
-            self.run.timed(command, started)
+            self.run.timed(step or command, started)
         if not reply["ok"]:
             error = reply["error"]
             if error.get("kind") == "toolchain":
@@ -109,82 +154,257 @@ class _Calls:
         return reply["data"]
 
 
-def _worker_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, pool: Any) -> None:
-    from cutegen.evaluate.baselines import get_baselines
-    from cutegen.evaluate.sol import get_peaks
+class _ReferenceCalls:
+    """Sends commands to the task's reference process. It reads what the candidate's worker
+    exported; if that breaks it (a forged descriptor, a CUDA fault while mapping), the candidate
+    fails and the lane replaces the reference process. Where CUDA IPC itself fails (a system that
+    does not allow it), the candidate's worker sends the same outputs again as files, and the
+    service's later candidates export files from the start."""
 
-    started = time.perf_counter()
-    baselines = get_baselines(task, config, pool) if config.do_timing else None
-    peaks = get_peaks(config.cache_dir, pool, config.run_timeout_s) if config.do_timing else None
-    run.timed("baselines", started)
-    started = time.perf_counter()
-    with pool.worker() as worker:
-        run.timed("worker", started)  # waiting for a started worker (the warmed spare, when there is one)
-        call = _Calls(run, worker, config)
+    _DESCRIPTORS = ("outputs", "base", "perturbed")
+
+    def __init__(self, run: VerdictBuilder, lane: Any, ref: Any, config: EvalConfig, call: "_Calls") -> None:
+        self.run, self.lane, self.ref, self.config, self.candidate_call = run, lane, ref, config, call
+
+    def __call__(self, command: str, payload: Any = None, step: str | None = None) -> Any:
+        from cutegen.evaluate.transfer import uses_ipc
+
+        reply = self._send(command, payload, step)
+        if not reply["ok"] and reply["error"].get("type") != "TransferError" and reply.get("cuda_ok", True) and \
+                any(uses_ipc(payload.get(k)) for k in self._DESCRIPTORS if isinstance(payload, dict)):
+            self.lane.evaluator.transfer = "file"
+            payload = {k: (self.candidate_call("reexport", {"group": v["group"]}, step=step or command)
+                           if k in self._DESCRIPTORS and uses_ipc(v) else v) for k, v in payload.items()}
+            reply = self._send(command, payload, step)
+        if not reply.get("cuda_ok", True):
+            self.lane.drop(self.ref)
+            self.run.fail("output_transfer", "Reading the candidate's outputs broke the reference process's CUDA"
+                          " context: return plain CUDA tensors from forward.")
+        if not reply["ok"]:
+            error = reply["error"]
+            if error.get("type") == "TransferError":
+                self.run.fail("output_transfer", f"The candidate's outputs could not be read: {error.get('message')}")
+            self.lane.drop(self.ref)
+            raise RuntimeError(f"the reference process failed in {command}: {error.get('type')}:"
+                               f" {error.get('message')}\n{error.get('traceback', '')[-2000:]}")
+        return reply["data"]
+
+    def _send(self, command: str, payload: Any, step: str | None) -> dict[str, Any]:
+        from cutegen.evaluate.worker import WorkerDied
+
+        started = time.perf_counter()
         try:
-            reference = _reference(run, worker, task, config)
+            return self.ref.worker.call(command, payload, timeout_s=self.config.run_timeout_s)
+        except WorkerDied as died:
+            self.lane.drop(self.ref)
+            self.run.fail("reference_process_died", f"The task's reference process ended while it read the"
+                          f" candidate's outputs ({died.reason}: {died.detail}).", detail=died.log_tail[-2000:])
+        finally:
+            self.run.timed(step or command, started)
+        raise AssertionError("unreachable")
+
+
+def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> None:
+    from cutegen.evaluate.jobs import candidate_job
+
+    ref = lane.ready_reference(task, config)
+    for step, seconds in ref.seconds.items():
+        run.stage_s.setdefault(step, seconds)
+    ref.evaluations += 1
+    _note_reference(run, ref)
+    started = time.perf_counter()
+    with lane.candidate_worker() as worker:
+        run.timed("worker", started)  # waiting for a warm worker (the lane's spare, when there is one)
+        call = _Calls(run, worker, config)
+        refcall = _ReferenceCalls(run, lane, ref, config, call)
+        try:
             run.stage = "build"
+            call("setup", candidate_job(task, config, ref.job, ref.data, lane.evaluator.transfer))
             _judge_build(run, call("build", {"source": source}))
             run.stage = "correctness"
-            _judge_correctness(run, call("correctness"))
+            _correctness_stage(run, call, refcall, ref, config)
             run.stage = "anticheat"
-            _judge_anticheat(run, call("anticheat"), config)
+            _anticheat_stage(run, call, refcall, ref, config)
             timing = None
             if config.do_timing:
                 run.stage = "timing"
                 started = time.perf_counter()
                 worker.settle()
                 run.timed("settle", started)
-                timing = call("timing")
-            # The kernel audit (backend cute on CUDA) profiles a forward, and CUPTI can stay attached
-            # after a profiler session (see anticheat.py), so it runs after timing; it is judged first,
-            # as it can void the timing.
-            if config.backend == "cute" and config.device == "cuda":
+                timing = _timing_run(run, call, refcall, ref, config)
+            lane.warm_spare()  # nothing more is timed: the next candidate's worker may start on the GPU
+            # The kernel audit (own kernels required, on CUDA) profiles a forward, and CUPTI can stay
+            # attached after a profiler session (see anticheat.py), so it runs after timing; it is
+            # judged first, as it can void the timing.
+            if config.backend != "torch" and config.device == "cuda":
                 run.stage = "anticheat"
-                _judge_anticheat(run, call("kernel_audit"), config)
+                _judge_anticheat(run, call("kernel_audit", _trial_payload(ref, 0)), config)
             if timing is not None:
                 run.stage = "timing"
-                _judge_timing(run, timing, task, config, baselines, peaks, reference["dtype"])
+                _judge_timing(run, timing, task, config, ref.baselines, ref.peaks, ref.data["dtype"])
             else:
                 run.feedback = correct_feedback(run.fields.get("errors"), timed=False)
         finally:
-            worker.close()
+            # The pool closes the worker (in the background on a GPU: see WorkerPool.close_later);
+            # what it printed so far is the log tail.
             run.log_tail = run.log_tail or worker.log_tail()
 
 
-def _reference(run: VerdictBuilder, worker: Any, task: Task, config: EvalConfig) -> dict[str, Any]:
-    """Reference outputs in the worker, before the candidate is imported; a failure is the task's."""
-    from cutegen.evaluate.cache import load_probe, save_probe
-    from cutegen.evaluate.session import make_job
-    from cutegen.evaluate.worker import WorkerDied
-
-    cached = load_probe(config.cache_dir, task, config.track)
-    job = make_job(task, config, trials=config.correctness_trials, adversarial=config.adversarial_trials,
-                   weight_seeds=config.weight_seeds, probe=cached is None)
-    started = time.perf_counter()
-    try:
-        reply = worker.call("reference", job, timeout_s=config.reference_timeout_s)
-    except WorkerDied as died:
-        raise TaskError(f"The reference of task {task.task_id} did not complete in the worker: {died.detail}."
-                        f"\n{died.log_tail[-1500:]}", "Run the task file on its own and check that its"
-                        " reference completes (or raise the reference timeout).") from None
-    finally:
-        run.gpu_s += time.perf_counter() - started
-        run.timed("reference", started)
-    if not reply["ok"]:
-        error = reply["error"]
-        raise TaskError(f"The reference of task {task.task_id} raised {error.get('type')}: "
-                        f"{error.get('message', '')[:1500]}", "Run the task file on its own and fix it.")
-    data = reply["data"]
-    degenerate = cached if cached is not None else tuple(data["degenerate"] or ())
-    if cached is None:
-        save_probe(config.cache_dir, task, config.track, degenerate)
-    run.set(degenerate=degenerate)
-    detail = f"trivial solutions pass: {', '.join(degenerate)}" if degenerate else "no trivial solution passes"
+def _note_reference(run: VerdictBuilder, ref: Any) -> None:
+    run.set(degenerate=ref.degenerate)
+    detail = f"trivial solutions pass: {', '.join(ref.degenerate)}" if ref.degenerate else "no trivial solution passes"
     run.add(CheckResult("trivial_solution_probe", "correctness", True, detail))
-    exact = data.get("exact_reference")
+
+
+def _trial_payload(ref: Any, index: int) -> dict[str, Any]:
+    """What the candidate's worker needs to draw trial `index`'s inputs and run it."""
+    plan, made = ref.job["trials"][index], ref.data["trials"][index]
+    return {"seed": plan["seed"], "weight": plan["weight"], "strength": made["strength"],
+            "ref_mutates": made["ref_mutates"]}
+
+
+def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: EvalConfig) -> None:
+    """Run the candidate by the correctness protocol (EVALUATION.md, "Correctness").
+
+    - Trials: `correctness_trials` (default 5) sets of inputs from fresh seeds drawn with os.urandom
+      in the parent, plus `adversarial_trials` (default 1) heavy-tailed sets (`adversarial_like`).
+      Trial i uses weight seed i mod `weight_seeds` (default 2): Model and ModelNew are each built
+      right after `torch.manual_seed(weight_seed)` with the same init inputs (so weights match by
+      construction), and same-named parameters and buffers are then checked to be bitwise equal
+      (by fingerprint: the two live in different processes).
+    - The reference outputs were computed once for the task, under the track's TF32 settings, in
+      the task's reference process, and never leave it. The candidate's worker draws each trial's
+      inputs itself from the trial's seed, which it receives only when that trial runs; the first
+      clean trial's and the first heavy-tailed trial's inputs must have the reference's fingerprints.
+    - Before the candidate's first call the device's free memory is filled with NaN and released
+      (`churn_free_memory`), so memory the candidate allocates holds nothing it did not write; the
+      determinism and timing calls churn again.
+    - Outputs must be exact torch.Tensor objects of the reference's shape, dtype and device
+      (`check_output_types`, against the reference's output spec), with no NaN/Inf where the
+      reference has none (`check_nonfinite`, in the reference process).
+    - An input the reference leaves unchanged must be unchanged after the candidate's call.
+    - Elementwise tolerance `|out - ref| <= atol + rtol * |ref|` (`compare_outputs`, on the device in
+      float64 chunks), with max abs, max rel and relative L2 errors and the first mismatching
+      elements reported. Where the plain rule fails, the reference's float64 result (`exact_delta`,
+      computed once per trial when first needed) is consulted: an element passes when it is no
+      farther from that result than the reference itself is, plus the tolerance; such elements are
+      counted (`within_reference_error`).
+    - The trials run in order and stop at the first that fails (its feedback is the verdict's).
+    - Determinism: the first trial again, twice, with churn before each call; the two outputs must
+      agree within a tenth of the tolerance (bitwise equality is reported too).
+    """
+    from cutegen.evaluate.correctness import judge_determinism, judge_trials, judge_weights, aggregate_errors, \
+        error_stats
+
+    weights = call("weights")
+    _judge_integrity(run, weights)
+    check = judge_weights([_compare_prints(r, c) for r, c in zip(ref.data["weights"], weights["weights"])])
+    if not check.passed:
+        run.fail_check(check, check.detail)
+    run.add(check)
+    entries, exact_used, exact_notes, churned = [], 0, set(), False
+    checked_prints = set()
+    for made in ref.data["trials"]:
+        index = made["index"]
+        if made["skipped"]:
+            entries.append({"index": index, "adversarial": made["adversarial"], "skipped": made["note"]})
+            continue
+        kind = "adversarial" if made["adversarial"] else "clean"
+        payload = {**_trial_payload(ref, index), "churn": not churned, "fingerprint": kind not in checked_prints}
+        data = call("run_trial", payload)
+        churned = True
+        _judge_integrity(run, data)
+        if data.get("fingerprints") is not None:
+            checked_prints.add(kind)
+            _check_inputs(run, ref, made, data["fingerprints"])
+        entry = {"index": index, "adversarial": made["adversarial"], "note": made["note"],
+                 "findings": list(data["findings"]), "mutated": data["mutated"], "errors": None}
+        if data.get("outputs") is not None:
+            compared = refcall("compare", {"trial": index, "outputs": data["outputs"]})
+            entry["findings"] += compared["findings"]
+            entry["errors"], entry["first_mismatches"] = compared["errors"], compared["first_mismatches"]
+            exact_used += bool(compared.get("exact_used"))
+            if compared.get("exact_note"):
+                exact_notes.add(compared["exact_note"])
+        entries.append(entry)
+        if _trial_failed(entry):
+            break
+    checks, failure, feedback = judge_trials(entries)
+    stats = [error_stats(e["errors"]) for e in entries if isinstance(e.get("errors"), dict)]
+    run.set(errors=aggregate_errors(stats))
+    for check in checks:
+        run.add(check)
+    if failure:
+        run.fail(failure, feedback or failure)
     run.add(CheckResult("float64_reference", "correctness", True,
-                        f"not used: {exact}" if exact else "every trial's reference has its float64 result"))
+                        f"not used: {'; '.join(sorted(exact_notes))}" if exact_notes else
+                        f"consulted in {exact_used} of {len(stats)} trials (where the plain rule failed)"))
+    first = _trial_payload(ref, 0)
+    determinism = call("determinism", {**first, "atol": ref.data["atol"], "rtol": ref.data["rtol"]})
+    _judge_integrity(run, determinism)
+    result = judge_determinism(determinism)
+    if not result.passed:
+        run.fail_check(result, result.detail)
+    run.add(result)
+
+
+def _trial_failed(entry: dict[str, Any]) -> bool:
+    errors = entry.get("errors")
+    return bool(entry["findings"] or entry["mutated"] or errors is None
+                or errors["mismatched_elements"] or errors["max_abs_error"] == float("inf"))
+
+
+def _compare_prints(reference: dict[str, str], candidate: dict[str, str]) -> dict[str, Any]:
+    """correctness.compare_weights on fingerprints: same-named parameters and buffers must match."""
+    shared = [name for name in reference if name in candidate]
+    return {"compared": len(shared), "differ": [n for n in shared if reference[n] != candidate[n]],
+            "reference_count": len(reference)}
+
+
+def _check_inputs(run: VerdictBuilder, ref: Any, made: dict[str, Any], prints: list[str]) -> None:
+    """The candidate's worker must have drawn the reference's inputs: otherwise the comparison would
+    judge it on inputs the reference never saw. A mismatch is the task's (its get_inputs() draws
+    from something other than the seed), not the candidate's."""
+    from cutegen.errors import TaskError
+
+    if prints != made["fingerprints"]:
+        raise TaskError(f"Task {run.base['task_id']}: the inputs drawn again from trial {made['index']}'s seed"
+                        " differ from the reference's draw.", "Make get_inputs() draw only from torch's (or"
+                        " Python's or NumPy's) global generators, which the evaluator seeds.")
+
+
+def _anticheat_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: EvalConfig) -> None:
+    """The op audit in the candidate's worker, then the ghost probe split between the two processes
+    (checks_dynamic.ghost_probe states it): the reference process draws fresh perturbations of trial
+    0's inputs and keeps the masks of the reference's outputs they move; the candidate's worker runs
+    each perturbation; the reference process judges."""
+    data = call("anticheat", _trial_payload(ref, 0))
+    tol = max(ref.data["atol"], ref.data["rtol"])
+    plan = refcall("ghost_plan", {"tol": tol}, step="ghost")["plan"]
+    data["ghost"] = None
+    for entry in plan:
+        moved = call("ghost_run", {**_trial_payload(ref, 0), **entry}, step="ghost")
+        _judge_integrity(run, moved)
+        judged = refcall("ghost_judge", {**entry, "tol": tol, "base": moved["base"],
+                                         "perturbed": moved["perturbed"]}, step="ghost")
+        if judged["finding"]:
+            data["ghost"] = judged["finding"]
+            break
+    _judge_anticheat(run, data, config)
+
+
+def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: EvalConfig) -> dict[str, Any]:
+    """The timing protocol in the candidate's worker (timing.time_forward states it) on the timing
+    trials' inputs; the outputs of the randomly chosen calls are compared in the reference process."""
+    from cutegen.evaluate.timing import random_trials
+
+    indices = ref.data["timing_trials"]
+    data = call("timing", {"sets": [_trial_payload(ref, i) for i in indices], "trials": config.timing_trials,
+                           "warmup": config.warmup_trials,
+                           "keep": list(random_trials(config.timing_trials, config.timed_output_checks))})
+    data["validated"] = [{"trial": kept["call"],
+                          "errors": refcall("compare", {"trial": indices[kept["set"]], "outputs": kept["outputs"]},
+                                            step="timed_outputs")["errors"]} for kept in data["kept"]]
     return data
 
 
@@ -207,28 +427,6 @@ def _judge_build(run: VerdictBuilder, data: dict[str, Any]) -> None:
     kernels = ", ".join(f"{k['name']} ({'cached' if k['cached'] else '%.1f s' % (k['compile_s'] or 0)})"
                         for k in data["kernels"]) or "no CuTe kernels"
     run.add(CheckResult("build", "build", True, kernels))
-    _judge_integrity(run, data)
-
-
-def _judge_correctness(run: VerdictBuilder, data: dict[str, Any]) -> None:
-    from cutegen.evaluate.correctness import aggregate_errors, error_stats, judge_determinism, judge_trials, \
-        judge_weights
-
-    weights = judge_weights(data["weights"])
-    if not weights.passed:
-        run.fail_check(weights, weights.detail)
-    run.add(weights)
-    checks, failure, feedback = judge_trials(data["trials"])
-    stats = [error_stats(t["errors"]) for t in data["trials"] if isinstance(t.get("errors"), dict)]
-    run.set(errors=aggregate_errors(stats))
-    for check in checks:
-        run.add(check)
-    if failure:
-        run.fail(failure, feedback or failure)
-    determinism = judge_determinism(data["determinism"])
-    if not determinism.passed:
-        run.fail_check(determinism, determinism.detail)
-    run.add(determinism)
     _judge_integrity(run, data)
 
 
@@ -256,6 +454,10 @@ def _judge_timing(run: VerdictBuilder, data: dict[str, Any], task: Task, config:
                      f" {stats.max_abs_error:.3g}) although the correctness calls were right: every call must"
                      " compute its result from its own inputs.")
     timing = summarize(data["times_ms"])
+    if data.get("stream_ms") and data.get("idle_ms"):
+        timing = replace(timing, stream_median_ms=statistics.median(data["stream_ms"]),
+                         idle_median_ms=statistics.median(data["idle_ms"]),
+                         past_stream_trials=sum(1 for t, s in zip(data["times_ms"], data["stream_ms"]) if t != s))
     run.set(timing=timing)
     run.add(CheckResult("timed_outputs", "timing", True, f"{len(data['validated'])} timed outputs checked"))
     _judge_streams(run, data.get("stream_ms", []), data.get("idle_ms", []), data.get("idle_limit_ms"))

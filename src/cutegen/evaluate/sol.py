@@ -171,23 +171,31 @@ def load_peaks(path: Path) -> Peaks | None:
 
 
 def get_peaks(cache_dir: Path, pool: Any, run_timeout_s: float) -> Peaks | None:
-    """The pool's device peaks, from the cache or measured once in a worker; None on a CPU."""
+    """The pool's device peaks, from the cache or measured once in a fresh worker; None on a CPU."""
     if pool.device != "cuda":
         return None
-    info = pool.info()
+
+    def measure() -> dict[str, Any]:
+        with pool.worker() as worker:
+            worker.settle()
+            return worker.call("peaks", timeout_s=run_timeout_s)
+
+    return cached_peaks(cache_dir, pool.info(), measure)
+
+
+def cached_peaks(cache_dir: Path, info: dict[str, Any], measure: Any) -> Peaks:
+    """The device's peaks (`info` names it) from the cache, or `measure()`d (a worker's reply to
+    `peaks`) and cached; the datasheet's when the measurement fails, which still bounds a candidate,
+    less tightly."""
     path = peaks_path(cache_dir, info["device_name"], info["torch_version"])
     cached = load_peaks(path)
     if cached is not None:
         return cached
-    from cutegen.evaluate.worker import WorkerDied
-
     try:
-        with pool.worker() as worker:
-            worker.settle()
-            reply = worker.call("peaks", timeout_s=run_timeout_s)
-    except WorkerDied as died:
-        reply = {"ok": False, "error": died.detail}
-    if not reply.get("ok"):  # the datasheet still bounds the candidate, less tightly
+        reply = measure()
+    except Exception as err:  # noqa: BLE001 - a worker that died measuring: fall back to the datasheet
+        reply = {"ok": False, "error": str(err)}
+    if not reply.get("ok"):
         return datasheet_peaks(info["device_name"])
     peaks = combine_peaks(reply["data"])
     save_json(path, to_json(peaks))

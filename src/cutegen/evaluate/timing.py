@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -47,20 +48,53 @@ def random_trials(trials: int, count: int) -> tuple[int, ...]:
     return tuple(sorted(rng.sample(range(trials), min(count, trials))))
 
 
-def _sync_gap_limit_ms(samples: int = 10) -> float:
-    """How long a device-wide synchronize plus an event record take on an idle device, with margin.
+def _sync_gap_limit_ms(samples: int = 10, wait_ms: float = 0.0) -> float:
+    """How long a device-wide synchronize plus an event record take after a wait as long as the
+    timed call (a sleep kernel of `wait_ms` on the current stream), with margin.
 
     A trial whose wait for the whole device takes longer than this after its end event had work
     running past the end of the caller's stream (another stream) or an unusually slow host wake-up;
-    either way its time is then taken to the idle device, the conservative reading.
+    either way its time is then taken to the idle device, the conservative reading. The host wakes
+    up later from a long wait than from none: calibrated on a call that launches nothing, the limit
+    was exceeded by honest multi-millisecond calls on one stream (an H200's full evaluations timed
+    up to 99 of 100 of them to the idle device, 30-90 us above Nsight Compute's kernel time), so
+    the calibration waits as long as the call does.
     """
+    sleep = _sleeper(wait_ms)
     gaps = []
     for _ in range(samples):
-        _, on_stream, to_idle = _timed_cuda_call(lambda: None, ())  # a call that launches nothing
+        _, on_stream, to_idle = _timed_cuda_call(sleep, ())
         gaps.append(to_idle - on_stream)
     # From the median, not the maximum: one slow host wake-up must not widen the window in which work
     # on another stream goes uncounted; a normal trial that exceeds it is only timed conservatively.
     return 3.0 * statistics.median(gaps) + 0.005
+
+
+CALIBRATION_MAX_MS = 50.0  # longer calls are calibrated with a 50 ms wait (the wake-up does not grow further)
+
+
+def _sleeper(wait_ms: float) -> Callable[[], Any]:
+    """A call that keeps the current stream busy for about `wait_ms` (nothing below 10 us)."""
+    import torch
+
+    if wait_ms < 0.01:
+        return lambda: None
+    cycles = int(min(wait_ms, CALIBRATION_MAX_MS) * _cycles_per_ms())
+    return lambda: torch.cuda._sleep(cycles)
+
+
+@functools.lru_cache(maxsize=1)
+def _cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of `torch.cuda._sleep`, measured once per process."""
+    import torch
+
+    torch.cuda._sleep(1000)  # loads the sleep kernel
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    end.synchronize()
+    return 2_000_000 / max(start.elapsed_time(end), 1e-3)
 
 
 # Time past the stream counts as hidden work only when it is also this share of the call's time to
@@ -110,7 +144,8 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     - Everything runs under `torch.no_grad()`, in the calling process, with the precision track's
       flags already set by the caller (so candidate, eager and torch.compile see the same settings).
     - `warmup` untimed calls first (this is also where torch.compile compiles and where lazy kernel
-      loading happens), cycling over the input sets.
+      loading happens), cycling over the input sets; on CUDA each is followed by a synchronize, and
+      the median of their stream times sets how long the calibration of the device-wide wait waits.
     - Then `trials` timed calls. Before each, a buffer larger than the L2 cache (twice its size, at
       least 128 MiB) is read on the device, so no call finds its inputs or weights in cache. It is
       read, not written: a written buffer leaves the L2 full of dirty lines whose write-back would
@@ -122,8 +157,8 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     - On CUDA: a start event is recorded on the current stream, `fn` is called, an end event is
       recorded on the current stream, then `torch.cuda.synchronize()` waits for the whole device
       and an idle event is recorded. The trial's time is start -> end, unless the wait for the whole
-      device took longer than an idle device needs (`_sync_gap_limit_ms`, measured first): then work
-      outlasted the stream (another stream) and the time is start -> idle. The synchronize's own
+      device took longer than it does after a sleep kernel as long as the call (`_sync_gap_limit_ms`,
+      measured first): then work outlasted the stream (another stream) and the time is start -> idle. The synchronize's own
       latency (~10 us) is thus not charged to the call, while work on other streams still counts;
       `past_stream` says how many trials ran past their stream, and `hidden_work_trials` which of
       those hid work on another stream. On a CPU the call is timed with `time.perf_counter`.
@@ -142,11 +177,15 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     run = TimedRun(times_ms=[])
     with torch.no_grad():
         flush = torch.zeros(flush_bytes(device) // 4, dtype=torch.int32, device=device)
+        warm_ms = []
         for i in range(warmup):
-            fn(*input_sets[i % len(input_sets)])
+            if cuda:
+                warm_ms.append(_timed_cuda_call(fn, input_sets[i % len(input_sets)])[1])
+            else:
+                fn(*input_sets[i % len(input_sets)])
         if cuda:
             torch.cuda.synchronize()
-            run.idle_limit_ms = _sync_gap_limit_ms()
+            run.idle_limit_ms = _sync_gap_limit_ms(wait_ms=statistics.median(warm_ms) if warm_ms else 0.0)
         for i in range(trials):
             which = i % len(input_sets)
             if cuda:
@@ -167,6 +206,42 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
             del out
         del flush
     return run
+
+
+# ------------------------------------------------------------------ the baselines (in a worker)
+
+
+def time_baseline(fn: Any, sets: list[Any], device: Any, spec: dict[str, Any]) -> list[float]:
+    """In a worker: raw times of `fn` (the reference, eager or compiled) by the one protocol."""
+    return time_forward(fn, sets, device=device, trials=spec["trials"], warmup=spec["warmup"]).times_ms
+
+
+def compile_reference(model: Any, sets: list[Any]) -> tuple[Any, str | None]:
+    """In a worker: torch.compile(model) and its first call, which compiles (or loads the cache);
+    (the compiled model, None), or (None, why it failed)."""
+    import torch
+
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*sets[0])
+    except Exception as err:  # noqa: BLE001 - an unsupported op is a fact about the task, not a bug
+        return None, f"{type(err).__name__}: {err}"[:2000]
+    finally:
+        _stop_compile_workers()
+    return compiled, None
+
+
+def _stop_compile_workers() -> None:
+    """End inductor's compile worker processes before the compiled model is timed. torch.compile
+    starts them in the background even when every graph comes from the cache (up to one per CPU,
+    each importing torch), and they would compete for the host with the timed calls, whose launch
+    cost is part of the time. A later recompile starts a new pool."""
+    from torch._inductor import async_compile
+
+    stop = getattr(async_compile, "shutdown_compile_workers", None)
+    if stop is not None:
+        stop()
 
 
 def clone_outputs(out: Any) -> Any:

@@ -39,11 +39,11 @@ class VerdictBuilder:
         self.feedback = ""
         self.gpu_s = 0.0
         self.log_tail = ""
-        self.stage_s: list[tuple[str, float]] = []
+        self.stage_s: dict[str, float] = {}  # step -> wall seconds, summed over the step's calls, in first-call order
 
     def timed(self, step: str, started: float) -> None:
-        """Note the wall seconds of one step since `started` (a time.perf_counter() value)."""
-        self.stage_s.append((step, round(time.perf_counter() - started, 3)))
+        """Add the wall seconds of one step since `started` (a time.perf_counter() value)."""
+        self.stage_s[step] = self.stage_s.get(step, 0.0) + time.perf_counter() - started
 
     def add(self, check: CheckResult) -> None:
         self.checks.append(check)
@@ -66,7 +66,8 @@ class VerdictBuilder:
         return Verdict(**self.base, passed=self.failure is None, stage=self.stage, failure=self.failure,
                        feedback=self.feedback, checks=tuple(self.checks),
                        gpu_s=round(self.gpu_s, 3) if self.gpu_s else None,
-                       log_tail=self.log_tail[-LOG_TAIL_CHARS:], stage_s=tuple(self.stage_s), **self.fields)
+                       log_tail=self.log_tail[-LOG_TAIL_CHARS:],
+                       stage_s=tuple((k, round(v, 3)) for k, v in self.stage_s.items()), **self.fields)
 
 
 def died_feedback(reason: str, detail: str, stage: str, timeout_s: float) -> str:
@@ -88,7 +89,7 @@ def crash_line(log_tail: str, candidate_file: str = "candidate.py") -> int | Non
     """The candidate's innermost line in the Python stack the worker printed when it crashed."""
     import re
 
-    lines = re.findall(rf'File "[^"]*{re.escape(candidate_file)}", line (\d+)', log_tail)
+    lines = re.findall(rf'File "(?:[^"]*/)?{re.escape(candidate_file)}", line (\d+)', log_tail)
     return int(lines[0]) if lines else None
 
 

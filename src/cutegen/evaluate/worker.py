@@ -7,13 +7,16 @@ The protocol (EVALUATION.md, "Isolation"):
   with an allow-listed environment, in a process group of its own (`start_new_session`), with its
   stdout and stderr merged into a pipe of which the parent keeps only the last `log_tail_bytes`.
 - A worker serves exactly one candidate's job. Nothing a candidate does to the interpreter, to torch
-  or to the CUDA context can reach the next candidate: the next job gets a new process. Only a worker
-  that has measured nothing but baselines (the reference, never a candidate) takes another task's
-  baseline job, after releasing the last one (`baselines.BaselineWorker`). Start-up (importing
-  torch, creating the CUDA context, loading the profiler) is paid in advance: the pool keeps one
-  warmed spare per GPU, started as soon as the previous one was taken; before anything is timed the
-  job waits for that spare to be ready (`Worker.settle`), so start-up work never overlaps a
-  measurement.
+  or to the CUDA context can reach the next candidate: the next job gets a new process. A task's
+  reference process (reference.py) serves many candidates but never runs one; only a reference
+  process whose job was a suite's baselines takes another task's job, after releasing the last one
+  (`baselines.BaselineWorker`); protocol.py keeps the roles apart. Start-up is paid in advance and
+  in two parts: a pool's spare imports torch as soon as the previous worker is taken (CPU work
+  only), and creates its CUDA context and loads the profiler (`begin_warm`) only when the pool's
+  user says nothing is being measured (service.py asks after each timing); before anything is
+  timed the job waits for the spare to finish what it is doing (`Worker.settle`), so start-up work
+  never overlaps a measurement. A pool can pin its workers to a set of CPU cores, away from the
+  compilers of a build pool.
 - Parent and worker talk over a private socket pair inherited as a file descriptor, in
   length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
   never stdout: what the candidate prints cannot pose as a result). The parent sends one command at a
@@ -151,7 +154,7 @@ class Worker:
     then is closed."""
 
     def __init__(self, device: str, gpu: int | None, log_tail_bytes: int, warm_profiler: bool = True,
-                 warm_compile: bool = False) -> None:
+                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None) -> None:
         self.device, self.gpu = device, gpu
         self.workdir = Path(tempfile.mkdtemp(prefix="cutegen-eval-"))
         parent_sock, child_sock = socket.socketpair()
@@ -163,16 +166,34 @@ class Worker:
             stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
         )
         child_sock.close()
+        if cpus:  # the GPU lane's workers keep their cores free of the build pool's compilers
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setaffinity(self.process.pid, cpus)
         self.conn = Connection(parent_sock.detach())
         self._tail = _Tail(self.process.stdout, log_tail_bytes)
         self._tail.start()
-        self.info: dict[str, Any] = {}
+        self.started: dict[str, Any] = {}  # the start-up report: torch imported, nothing on the GPU yet
+        self.info: dict[str, Any] = {}  # after the warm-up: the device's description
+        self._warm_sent = False
         self.closed = False
         self.settle: Callable[[], None] = lambda: None  # set by the pool: see WorkerPool.worker
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
-        """Block until the worker has imported torch (and created its CUDA context)."""
-        if not self.info:
+    def pin(self, cpus: tuple[int, ...] | None) -> None:
+        """Move every thread of the worker to `cpus` (a spare starts elsewhere, on the build pool's
+        cores, and moves to its lane's cores when it is taken)."""
+        if not cpus or self.closed:
+            return
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{self.process.pid}/task")]
+        except OSError:
+            threads = [self.process.pid]
+        for tid in threads:
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setaffinity(tid, cpus)
+
+    def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Block until the worker has imported torch (CPU work only: it has not touched the GPU)."""
+        if not self.started:
             reply = self._receive(timeout_s, "worker_start_timeout", "start")
             if not reply.get("ready"):
                 self.kill()
@@ -181,7 +202,34 @@ class Worker:
                     "Check that torch imports in this Python and, for --device cuda, that"
                     " `python -c 'import torch; torch.zeros(1, device=\"cuda\")'` works.",
                 )
-            self.info = reply
+            self.started = reply
+        return self.started
+
+    def begin_warm(self) -> None:
+        """Let the worker create its CUDA context (and load the profiler) now, without waiting: the
+        pool asks for it only when no measurement is running on the GPU."""
+        self.wait_started()
+        if not self._warm_sent:
+            try:
+                self.conn.send_bytes(b'{"command": "warm"}')
+            except OSError as err:
+                raise self._died("worker_crashed", f"the channel broke before its warm-up: {err}") from None
+            self._warm_sent = True
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Block until the worker is warm: torch imported, CUDA context created, profiler loaded."""
+        if not self.info:
+            self.begin_warm()
+            reply = self._receive(timeout_s, "worker_start_timeout", "warm-up")
+            if not reply.get("ok"):
+                self.kill()
+                error = reply.get("error") or {}
+                raise ToolchainError(
+                    f"An evaluation worker could not start: {error.get('type', '')}: {error.get('message', reply)}",
+                    "Check that torch imports in this Python and, for --device cuda, that"
+                    " `python -c 'import torch; torch.zeros(1, device=\"cuda\")'` works.",
+                )
+            self.info = {**self.started, **reply["data"]}
         return self.info
 
     def call(self, command: str, payload: Any = None, *, timeout_s: float,
@@ -277,9 +325,14 @@ class WorkerPool:
 
     def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, cpu_slots: int = 1,
                  log_tail_bytes: int = 16384, warm_spares: bool = True, warm_profiler: bool = True,
-                 warm_compile: bool = False) -> None:
+                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None,
+                 spare_cpus: tuple[int, ...] | None = None) -> None:
         self.device = device
         self.warm_profiler, self.warm_compile = warm_profiler, warm_compile
+        # A taken worker runs on `cpus`; a spare starts on `spare_cpus` (the build pool's, where
+        # importing torch cannot slow a measurement on `cpus`) and moves to `cpus` when taken.
+        self.cpus, self.spare_cpus = cpus, spare_cpus
+        self._closing: list[threading.Thread] = []  # workers being closed in the background
         self.slots: list[int | None] = list(gpus) if device == "cuda" else [None] * cpu_slots
         self.log_tail_bytes = log_tail_bytes
         self.warm_spares = warm_spares
@@ -293,7 +346,30 @@ class WorkerPool:
         return cls(config.device, tuple(config.gpus), log_tail_bytes=config.log_tail_bytes, **kwargs)
 
     def _spawn(self, slot: int) -> Worker:
-        return Worker(self.device, self.slots[slot], self.log_tail_bytes, self.warm_profiler, self.warm_compile)
+        return Worker(self.device, self.slots[slot], self.log_tail_bytes, self.warm_profiler, self.warm_compile,
+                      self.spare_cpus or self.cpus)
+
+    def _spares_apart(self) -> bool:
+        """Whether a starting spare runs on other cores than the taken worker."""
+        return bool(self.cpus and self.spare_cpus and not set(self.cpus) & set(self.spare_cpus))
+
+    def close_later(self, worker: Worker) -> None:
+        """Close a worker in the background: a process that held gigabytes of device memory takes
+        seconds to end, which the next job's first steps overlap; `_settle` waits for it before
+        anything is timed."""
+        if self.device != "cuda":  # a CPU worker ends at once
+            worker.close()
+            return
+        thread = threading.Thread(target=worker.close, name="cutegen-worker-close", daemon=True)
+        thread.start()
+        with self._cond:
+            self._closing = [t for t in self._closing if t.is_alive()] + [thread]
+
+    def wait_closed(self) -> None:
+        with self._cond:
+            closing, self._closing = list(self._closing), []
+        for thread in closing:
+            thread.join()
 
     @contextlib.contextmanager
     def worker(self) -> Iterator[Worker]:
@@ -304,6 +380,7 @@ class WorkerPool:
             spare = self._spares.pop(slot, None)
         try:
             worker = self._ready(spare, slot)
+            worker.pin(self.cpus)
             if self.warm_spares:
                 with self._cond:
                     self._spares[slot] = self._spawn(slot)
@@ -312,11 +389,22 @@ class WorkerPool:
             try:
                 yield worker
             finally:
-                worker.close()
+                self.close_later(worker)
         finally:
+            self.warm_spare(slot)
             with self._cond:
                 self._free.append(slot)
                 self._cond.notify()
+
+    def warm_spare(self, slot: int | None = None) -> None:
+        """Let the spare of `slot` (every slot's, when None) warm up now: create its CUDA context and
+        load the profiler. A spare only imports torch when it is started; its GPU work waits for
+        this, which the evaluation asks for once nothing it measures is left (after timing)."""
+        with self._cond:
+            spares = [w for k, w in self._spares.items() if slot is None or k == slot]
+        for spare in spares:
+            with contextlib.suppress(ToolchainError, WorkerDied):
+                spare.begin_warm()
 
     def info(self) -> dict[str, Any]:
         """The device's description (name, torch version...) from a ready worker; learning it starts
@@ -330,13 +418,18 @@ class WorkerPool:
         return self.device_info
 
     def _settle(self, slot: int) -> None:
-        """Wait until the slot's new spare has finished starting (importing torch, creating its CUDA
-        context), so that no start-up work shares the GPU or the CPUs with a timing measurement."""
+        """Wait until the slot's new spare has finished what it is doing (importing torch; creating
+        its CUDA context, when its warm-up was asked for), so that no start-up work shares the GPU or
+        the CPUs with a timing measurement."""
+        self.wait_closed()
         spare = self._spares.get(slot)
         if spare is None:
             return
         try:
-            spare.wait_ready()
+            if not self._spares_apart():
+                spare.wait_started()
+            if spare._warm_sent:
+                spare.wait_ready()
         except (ToolchainError, WorkerDied):  # a failed spare is replaced at the next acquire
             with self._cond:
                 self._spares.pop(slot, None)
@@ -360,6 +453,7 @@ class WorkerPool:
             spares, self._spares = list(self._spares.values()), {}
         for worker in spares:
             worker.kill()
+        self.wait_closed()
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -375,15 +469,29 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(message, default=str).encode())
 
 
-def _startup_info(warm_profiler: bool, warm_compile: bool) -> dict[str, Any]:
+def _startup_info(warm_compile: bool) -> dict[str, Any]:
+    """The start-up report: torch imported (and torch.compile's machinery, when asked), nothing on
+    the GPU yet (see `_warm`)."""
     import platform
 
     import torch
 
     info: dict[str, Any] = {"ready": True, "pid": os.getpid(), "python": platform.python_version(),
-                            "torch_version": torch.__version__, "cuda": torch.cuda.is_available()}
+                            "torch_version": torch.__version__}
+    info["compile_warmed"] = warm_compile and _warm_compile()
+    return info
+
+
+def _warm(warm_profiler: bool) -> dict[str, Any]:
+    """The warm-up the parent asks for once the GPU is free of measurements: create the CUDA context
+    (and load the profiler) now, off the critical path of the job."""
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {"cuda": torch.cuda.is_available()}
     if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
-        torch.zeros(1, device="cuda").add_(1)  # create the context now, off the critical path
+        torch.zeros(1, device="cuda").add_(1)
         if warm_profiler:
             _warm_profiler()
         props = torch.cuda.get_device_properties(0)
@@ -392,7 +500,6 @@ def _startup_info(warm_profiler: bool, warm_compile: bool) -> dict[str, Any]:
                     cuda_runtime=torch.version.cuda)
     else:
         info.update(device_name=f"cpu ({platform.processor() or platform.machine()})")
-    info["compile_warmed"] = warm_compile and _warm_compile()
     return info
 
 
@@ -448,11 +555,11 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
     conn = Connection(fd)
     started = time.perf_counter()
     try:
-        info = _startup_info(warm_profiler, warm_compile)
+        info = _startup_info(warm_compile)
     except BaseException as err:  # noqa: BLE001 - report why we cannot start, whatever it is
         _send(conn, {"ready": False, "error": f"{type(err).__name__}: {err}"[:2000]})
         return
-    from cutegen.evaluate import session
+    from cutegen.evaluate import protocol
 
     info["start_s"] = time.perf_counter() - started
     _send(conn, info)
@@ -462,9 +569,18 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
             message = json.loads(conn.recv_bytes())
         except EOFError:
             return
-        if message.get("command") == "exit":
+        command = message.get("command")
+        if command == "exit":
             return
-        _send(conn, session.run_command(state, message["command"], message.get("payload")))
+        if command == "warm":
+            warmed = time.perf_counter()
+            try:
+                reply = {"ok": True, "data": {**_warm(warm_profiler), "warm_s": time.perf_counter() - warmed}}
+            except BaseException as err:  # noqa: BLE001 - report why the device cannot be used
+                reply = {"ok": False, "error": {"type": type(err).__name__, "message": str(err)[:2000]}}
+            _send(conn, reply)
+            continue
+        _send(conn, protocol.run_command(state, command, message.get("payload")))
 
 
 if __name__ == "__main__":

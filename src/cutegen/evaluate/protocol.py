@@ -1,0 +1,250 @@
+"""The commands a worker process runs (worker.serve reads them from the parent's channel).
+
+A worker takes one role with its first job and keeps it:
+
+- a reference process (`reference`, then `compare`, `ghost_plan`, `ghost_judge`, `baseline`,
+  `trim`; reference.py): the task's reference side, kept for every candidate of the task. Only a
+  reusable job (a suite's baselines, `baselines.BaselineWorker`) may be followed by `release` and
+  another task's `reference`;
+- a candidate's worker (`setup`, then `build`, `weights`, `run_trial`, `determinism`, `anticheat`,
+  `ghost_run`, `timing`, `kernel_audit`, `reexport`, `release`; runner.py): one candidate, then the process ends;
+- standalone commands: `prebuild` (a build pool's worker: import a candidate and build its kernels,
+  no GPU) and `peaks` (measure the device).
+
+Every command replies with raw measurements (JSON) or a described error; the parent decides.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+_MAX_TEXT = 6000
+REFERENCE_COMMANDS = ("compare", "ghost_plan", "ghost_judge", "baseline", "trim")
+CANDIDATE_COMMANDS = ("build", "weights", "run_trial", "determinism", "anticheat", "ghost_run", "timing",
+                      "kernel_audit", "reexport", "release")
+
+
+def apply_track(track: str) -> None:
+    """TF32 off everywhere on the fp32 track, on for matmul and cuDNN on the tf32 track."""
+    import torch
+
+    tf32 = track == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def task_from_json(data: dict[str, Any]) -> Any:
+    from cutegen.journal import from_json
+    from cutegen.records import Task
+
+    return from_json(Task, data)
+
+
+def runtime_from_json(data: dict[str, Any] | None) -> Any:
+    from cutegen.config import RuntimeConfig
+    from cutegen.journal import from_json
+
+    return from_json(RuntimeConfig, data) if data else RuntimeConfig()
+
+
+class Hooks:
+    """What differs between a CUDA and a CPU run."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def churn(self) -> None:
+        if self.cuda:
+            from cutegen.evaluate.checks_dynamic import churn_free_memory
+
+            churn_free_memory(self.device)
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------- dispatch
+
+
+def _cmd_reference(state: dict, payload: Any) -> Any:
+    """A reference job. A worker that served a reusable job and released it may take another."""
+    from cutegen.evaluate.reference import ReferenceSession
+
+    if state.get("role") not in (None, "reference") or "session" in state or \
+            (state.get("jobs") and not state.get("reusable")):
+        raise RuntimeError("this worker cannot take a new reference job: a reference job needs a fresh worker,"
+                           " or one whose reusable job was released")
+    state.update(role="reference", jobs=state.get("jobs", 0) + 1, reusable=bool(payload.get("reusable")))
+    state["session"] = ReferenceSession(payload)
+    return {**state["session"].reference(), "worker_job": state["jobs"]}
+
+
+def _cmd_setup(state: dict, payload: Any) -> Any:
+    """A candidate's job: one per worker, in a process that never held a reference."""
+    from cutegen.evaluate.runner import CandidateSession
+
+    if state.get("role") is not None:
+        raise RuntimeError("this worker has served a job already: a candidate needs a fresh worker")
+    state["role"] = "candidate"
+    state["session"] = CandidateSession(payload)
+    return {"ready": True}
+
+
+def _cmd_release(state: dict, payload: Any) -> Any:
+    """End a reusable reference job so the worker can take the next task's: drop the session (its
+    tensors and compiled model), torch.compile's in-process caches (graphs and guards of the task's
+    Model), the cuBLAS workspaces (allocated through torch's allocator at a first matmul, they kept
+    every GEMM task's worker from being reused on an H200) and the allocator's free blocks. Returns
+    what the task changed in torch's global state and the device memory still allocated: a worker
+    with either is not fit for the next task."""
+    import torch
+
+    if state.get("role") == "candidate":
+        state["session"].release()
+        return {"released": True}
+    session, changes = state.pop("session", None), []
+    if session is not None:
+        changes = session.state_changes()
+        session.close()
+        del session
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return {"allocated_bytes": 0, "state_changes": changes}
+    torch.cuda.synchronize()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.empty_cache()
+    return {"allocated_bytes": torch.cuda.memory_allocated(), "state_changes": changes}
+
+
+def _cmd_prebuild(state: dict, payload: Any) -> Any:
+    from cutegen.evaluate.runner import import_and_build
+
+    started = time.perf_counter()
+    _, kernels = import_and_build(payload["source"], runtime_from_json(payload.get("runtime")))
+    return {"build_s": time.perf_counter() - started, "kernels": kernels}
+
+
+def _cmd_peaks(state: dict, payload: Any) -> Any:
+    from cutegen.evaluate.sol import measure_peaks
+
+    return measure_peaks()
+
+
+def _session_command(name: str, role: str) -> Callable[[dict, Any], Any]:
+    def run(state: dict, payload: Any) -> Any:
+        if state.get("role") != role or "session" not in state:
+            raise RuntimeError(f"{name} needs a {role} job first")
+        method = getattr(state["session"], name)
+        return method(payload) if payload is not None else method()
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[dict, Any], Any]] = {
+    "reference": _cmd_reference,
+    "setup": _cmd_setup,
+    "prebuild": _cmd_prebuild,
+    "peaks": _cmd_peaks,
+    **{name: _session_command(name, "reference") for name in REFERENCE_COMMANDS},
+    **{name: _session_command(name, "candidate") for name in CANDIDATE_COMMANDS if name != "release"},
+    "release": _cmd_release,
+}
+
+
+def run_command(state: dict[str, Any], command: str, payload: Any) -> dict[str, Any]:
+    """Run one command; any exception (the candidate's included) becomes a described error."""
+    handler = COMMANDS.get(command)
+    if handler is None:
+        return {"ok": False, "error": {"kind": "protocol", "type": "", "message": f"unknown command {command}"},
+                "cuda_ok": True}
+    try:
+        reply = {"ok": True, "data": handler(state, payload)}
+    except BaseException as err:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from a candidate too
+        reply = {"ok": False, "error": describe_error(err)}
+    reply["cuda_ok"] = cuda_healthy()
+    return reply
+
+
+def cuda_healthy() -> bool:
+    """False when the CUDA context is broken (a sticky error): synchronize and run a tiny kernel."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except BaseException:  # noqa: BLE001
+        return False
+
+
+_CUDA_KINDS = (
+    ("out_of_memory", re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
+                                 r"can't allocate memory|Tried to allocate", re.I)),
+    ("illegal_memory_access", re.compile(r"illegal memory access|cudaErrorIllegalAddress|"
+                                         r"CUDA_ERROR_ILLEGAL_ADDRESS", re.I)),
+    ("cuda_error", re.compile(r"CUDA error|cudaError|CUDA_ERROR|misaligned address|"
+                              r"unspecified launch failure|device-side assert|KernelError", re.I)),
+)
+
+
+def classify_error(err: BaseException, message: str) -> str:
+    """The failure kind of an exception raised in a worker: out_of_memory, build_error, toolchain,
+    illegal_memory_access, cuda_error or exception (the first that matches, in that order)."""
+    from cutegen.errors import BuildError, ToolchainError
+
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return "out_of_memory"
+    if isinstance(err, BuildError) or "Error building extension" in message:
+        return "build_error"
+    if isinstance(err, ToolchainError):
+        return "toolchain"
+    for kind, pattern in _CUDA_KINDS:
+        if pattern.search(message) or pattern.search(type(err).__name__):
+            return kind
+    return "exception"
+
+
+def _safe_str(err: BaseException) -> str:
+    try:
+        return str(err)[:_MAX_TEXT]
+    except BaseException:  # noqa: BLE001 - a candidate's exception may break its own __str__
+        return "<unprintable exception>"
+
+
+def describe_error(err: BaseException) -> dict[str, Any]:
+    """What the parent needs to explain an exception: kind, message, the candidate's line, a traceback."""
+    from cutegen.evaluate.runner import CANDIDATE_FILE
+
+    message = _safe_str(err)
+    try:
+        tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))[-_MAX_TEXT:]
+    except BaseException:  # noqa: BLE001
+        tb = ""
+    line = None
+    frame = err.__traceback__
+    while frame is not None:
+        if os.path.basename(frame.tb_frame.f_code.co_filename) == CANDIDATE_FILE:
+            line = frame.tb_lineno
+        frame = frame.tb_next
+    described = {"kind": classify_error(err, message), "type": type(err).__name__, "message": message,
+                 "traceback": tb, "candidate_line": line}
+    for attr in ("distilled", "log_tail"):
+        if isinstance(getattr(err, attr, None), str):
+            described[attr] = getattr(err, attr)[-_MAX_TEXT:]
+    return described

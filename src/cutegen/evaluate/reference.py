@@ -1,0 +1,320 @@
+"""The reference process's side of evaluations: a task's reference work, done once and kept.
+
+A worker that takes a `reference` job becomes the task's reference process for the run on its GPU
+(service.py starts and keeps it). It draws every correctness trial's inputs from the seeds the
+parent sends (on the device: milliseconds even for KernelBench's gigabyte inputs), runs the
+reference, keeps the outputs on the device, probes the task for trivial solutions, and reports only
+what a candidate may know: the outputs' structure, shapes and dtypes, the tolerance, which trials
+were made milder, and fingerprints of the inputs and weights (compare.fingerprint) so that the
+candidate's process can check that it drew the same inputs from the same seeds. It then serves every
+candidate of the task: `compare` opens a candidate's exported outputs (transfer.py) and compares
+them with the kept reference on the device; `ghost_plan` and `ghost_judge` run the reference's half
+of the ghost probe with fresh perturbations per candidate; `baseline` times eager and torch.compile
+on the kept timing inputs. The float64 result of a trial, which only widens the tolerance where
+PyTorch's own rounding is the larger error, is computed the first time a comparison of that trial
+needs it and kept.
+
+This process never imports a candidate and never exports memory; a candidate's process never holds
+a reference output, on the host or on the device. The threat analysis is in service.py.
+Every command replies with measurements; the parent decides the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutegen.records import to_json
+
+
+def _model_class(module: Any) -> Any:
+    return module.Model
+
+
+def _not_dumpable() -> None:
+    """Mark this process non-dumpable (Linux prctl PR_SET_DUMPABLE 0): another process of the same
+    user, a candidate's among them, can then neither ptrace it nor read /proc/PID/mem, where the
+    reference outputs are (root still can). Elsewhere nothing happens."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        except (OSError, AttributeError):
+            pass
+
+
+class ReferenceSession:
+    """The state a task's reference process keeps between candidates."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        import torch
+
+        from cutegen.evaluate.protocol import apply_track, task_from_json
+        from cutegen.tasks import task_module
+
+        self.job = job
+        self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
+        if not job.get("reusable"):
+            _not_dumpable()
+        apply_track(job["track"])
+        # A baseline job's worker may take the next task: what the task's code changes from here on
+        # must not reach it (see protocol._cmd_release).
+        self.state_at_start = self._global_state() if job.get("reusable") else None
+        self.task = task_from_json(job["task"])
+        self.module = task_module(self.task)
+        self.home = self.device  # where reference outputs are kept (the host when the device is full)
+        self.models: list[Any] = []
+        self.trials: list[Any] = []
+        self.leaves: list[dict[str, Any]] = []
+        self.atol = self.rtol = 0.0
+        self.deltas: dict[int, Any] = {}
+        self.delta_notes: dict[int, str | None] = {}
+        self.models64: dict[int, Any] = {}
+        self.ghost_masks: dict[int, Any] = {}
+        self.timing_indices: list[int] = []
+        self.compiled: tuple[Any, str | None] | None = None
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def _global_state() -> dict[str, str]:
+        from cutegen.evaluate.checks_dynamic import snapshot_global_state
+
+        return snapshot_global_state()
+
+    def state_changes(self) -> list[str]:
+        """What a reusable job's task changed in torch's global state since the job began."""
+        from cutegen.evaluate.checks_dynamic import global_state_changes
+
+        if self.state_at_start is None:
+            return []
+        return global_state_changes(self.state_at_start, self._global_state())
+
+    # -- the reference, once
+
+    def reference(self) -> dict[str, Any]:
+        import torch
+
+        try:
+            return self._reference()
+        except torch.cuda.OutOfMemoryError:
+            # Gigabyte outputs of many trials may not fit beside the candidate's working set: keep
+            # them on the host, where comparisons read them chunk by chunk.
+            self.trials, self.home = [], torch.device("cpu")
+            torch.cuda.empty_cache()
+            return self._reference()
+
+    def _reference(self) -> dict[str, Any]:
+        import torch
+
+        from cutegen.evaluate import correctness as c
+        from cutegen.evaluate.checks_dynamic import output_spec
+        from cutegen.evaluate.compare import fingerprint, flatten_outputs
+
+        job = self.job
+        torch.manual_seed(job["init_seed"])
+        self.init_inputs = list(self.module.get_init_inputs())
+        self.models = [c.build_model(_model_class(self.module), self.init_inputs, w, self.device)
+                       for w in job["weight_seeds"]]
+        weights = [{name: fingerprint(t) for name, t in m.state_dict().items()} for m in self.models]
+        plans = job["trials"]
+        first = c.reference_trial(self.module, self.models[plans[0]["weight"]], plans[0], self.device, True,
+                                  self.home)
+        clean_finite = c.all_finite(first.reference)
+        self.trials = [first] + [c.reference_trial(self.module, self.models[p["weight"]], p, self.device,
+                                                   clean_finite, self.home) for p in plans[1:]]
+        leaves = flatten_outputs(first.reference)
+        if not leaves or not all(isinstance(x, torch.Tensor) for x in leaves):
+            raise TypeError("the reference's forward must return a tensor or a tuple/list of tensors")
+        self.leaves = [{"dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)} for x in leaves]
+        dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
+        self.atol, self.rtol = job["tolerances"][dtype]
+        self.timing_indices = [i for i, t in enumerate(self.trials)
+                               if not t.adversarial and t.weight == 0 and t.reference is not None]
+        self.timing_indices = self.timing_indices[: max(1, job["timing"]["input_sets"])]
+        described = [self._describe(i, t) for i, t in enumerate(self.trials)]
+        degenerate = self._probe() if job.get("probe") else None
+        for i, trial in enumerate(self.trials):  # trial 0 feeds the ghost probe, the timing sets the baselines
+            if i != 0 and i not in self.timing_indices:
+                trial.inputs = None
+        self._empty_cache()
+        return {"dtype": dtype, "atol": self.atol, "rtol": self.rtol, "degenerate": degenerate,
+                "spec": output_spec(first.reference), "leaves": self.leaves, "trials": described,
+                "weights": weights, "timing_trials": self.timing_indices, "home": str(self.home),
+                "memory_bytes": self.memory_bytes()}
+
+    def _describe(self, index: int, trial: Any) -> dict[str, Any]:
+        from cutegen.evaluate.compare import fingerprint
+
+        import torch
+
+        prints = [fingerprint(x) if isinstance(x, torch.Tensor) else repr(x) for x in (trial.inputs or [])]
+        trial.fingerprints = prints
+        return {"index": index, "weight": trial.weight, "adversarial": trial.adversarial,
+                "strength": list(trial.strength) if trial.strength else None,
+                "skipped": trial.reference is None, "note": trial.note, "ref_mutates": list(trial.ref_mutates),
+                "fingerprints": prints}
+
+    def _probe(self) -> list[str]:
+        """Trivial answers (zeros, a constant, an input) that pass every clean trial's reference."""
+        from cutegen.evaluate.probe import trivial_solution_probe
+
+        clean = [t for t in self.trials if not t.adversarial and t.reference is not None]
+        names = list(trivial_solution_probe(clean[0].reference, clean[0].inputs, self.atol, self.rtol))
+        for trial in clean[1:]:
+            if not names:
+                break
+            passing = set(trivial_solution_probe(trial.reference, trial.inputs, self.atol, self.rtol))
+            names = [n for n in names if n in passing]
+        return names
+
+    def memory_bytes(self) -> int:
+        """Device memory this process holds (its allocator's reserve included)."""
+        import torch
+
+        return int(torch.cuda.memory_reserved()) if self.device.type == "cuda" else 0
+
+    def _empty_cache(self) -> None:
+        """Give cached device memory back to the driver: only before a candidate's worker takes the
+        GPU (at the end of `reference` and `trim`), whose first trial churns all free memory. While
+        candidates are served, freed blocks (float64 chunks of reference outputs among them) stay in
+        this process's allocator, out of a candidate's reach."""
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- serving candidates
+
+    def compare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A candidate's outputs for trial `payload["trial"]` against the kept reference: non-finite
+        elements where the reference is finite, the tolerance rule (with the trial's float64 result
+        when the plain rule fails somewhere), and the first mismatching elements."""
+        from cutegen.evaluate.checks_dynamic import check_nonfinite
+        from cutegen.evaluate.compare import compare_outputs, first_mismatches, flatten_outputs
+        from cutegen.evaluate.transfer import open_outputs
+
+        index = int(payload["trial"])
+        trial = self.trials[index]
+        refs = flatten_outputs(trial.reference)
+        delta = None
+        with open_outputs(payload["outputs"], self.leaves, self.device) as outs:
+            findings = [{"check": "check_nonfinite", "message": p, "line": None} for p in check_nonfinite(outs, refs)]
+            stats = compare_outputs(outs, refs, self.atol, self.rtol)
+            if stats.mismatched_elements and self.job.get("exact", True):
+                delta = self._delta(index)
+                if delta is not None:
+                    stats = compare_outputs(outs, refs, self.atol, self.rtol, delta)
+            mismatches = (list(first_mismatches(outs, refs, self.atol, self.rtol, ref_delta=delta))
+                          if stats.mismatched_elements else [])
+        return to_json({"findings": findings, "errors": stats, "first_mismatches": mismatches,
+                        "exact_note": self.delta_notes.get(index), "exact_used": delta is not None})
+
+    def _inputs(self, index: int) -> list[Any]:
+        """Trial `index`'s inputs: kept, or drawn again from its seed (and checked to be the same)."""
+        from cutegen.evaluate.compare import fingerprint
+        from cutegen.evaluate.correctness import make_inputs
+
+        import torch
+
+        trial = self.trials[index]
+        if trial.inputs is not None:
+            return trial.inputs
+        inputs = make_inputs(self.module, trial.seed, trial.strength, self.device, self.device)
+        prints = [fingerprint(x) if isinstance(x, torch.Tensor) else repr(x) for x in inputs]
+        if prints != trial.fingerprints:
+            raise RuntimeError(f"trial {index}'s inputs drawn again differ from the first draw: the task's"
+                               " get_inputs() does not depend on the seed alone")
+        return inputs
+
+    def _delta(self, index: int) -> Any:
+        """The trial's float64 result minus its reference (correctness.exact_delta), made once."""
+        import torch
+
+        from cutegen.evaluate.correctness import exact_delta, exact_model
+
+        if index not in self.delta_notes:
+            trial = self.trials[index]
+            if trial.weight not in self.models64:
+                self.models64[trial.weight] = exact_model(self.models[trial.weight])
+            try:
+                delta, note = exact_delta(self.models64[trial.weight], self._inputs(index), trial.reference,
+                                          self.device)
+            except torch.cuda.OutOfMemoryError:
+                delta, note = None, "no device memory left for the float64 result"
+            self.deltas[index], self.delta_notes[index] = delta, note
+        return self.deltas[index]
+
+    def ghost_plan(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The reference's half of the ghost probe for one candidate: fresh perturbations of trial
+        0's inputs (checks_dynamic.ghost_perturbations) and, for each that moves the reference's
+        output, the mask of moved elements (kept for `ghost_judge`)."""
+        import torch
+
+        from cutegen.evaluate import checks_dynamic as dyn
+
+        tol = float(payload["tol"])
+        trial = self.trials[0]
+        inputs, model = self._inputs(0), self.models[trial.weight]
+        self.ghost_masks, plan = {}, []
+        for index, position, delta in dyn.ghost_perturbations(inputs):
+            with torch.no_grad():
+                out = model(*dyn.perturbed(inputs, index, position, delta))
+            mask = dyn.moved_mask(trial.reference, out, tol, dyn.GHOST_REFERENCE_FACTOR)
+            del out
+            if mask is not None and bool(mask.any()):
+                self.ghost_masks[index] = mask
+                plan.append({"index": index, "position": position, "delta": delta})
+        return {"plan": plan}
+
+    def ghost_judge(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The candidate's outputs before and after one perturbation against the reference's mask."""
+        from cutegen.evaluate import checks_dynamic as dyn
+        from cutegen.evaluate.transfer import TransferError, open_outputs
+
+        index, position = int(payload["index"]), int(payload["position"])
+        try:
+            with open_outputs(payload["base"], self.leaves, self.device) as base, \
+                    open_outputs(payload["perturbed"], self.leaves, self.device) as moved:
+                candidate = dyn.moved_mask(base, moved, float(payload["tol"]), dyn.GHOST_CANDIDATE_FACTOR)
+        except TransferError:
+            candidate = None
+        return {"finding": dyn.ghost_finding(index, position, candidate, self.ghost_masks[index])}
+
+    # -- baselines and the device's peaks
+
+    def baseline(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`kind`: "compile" (torch.compile and its first call), "eager" (timed twice) or "compiled"
+        (timed; compiled first if "compile" was not asked for). Timed on the kept timing inputs."""
+        from cutegen.evaluate.timing import compile_reference, time_baseline
+
+        sets = [self.trials[i].inputs for i in self.timing_indices]
+        model, kind = self.models[0], payload["kind"]
+        spec = payload.get("timing") or self.job["timing"]  # the asking evaluation's trials and warm-up
+
+        def timed(fn: Any) -> list[float]:
+            return time_baseline(fn, sets, self.device, spec)
+
+        if kind == "eager":
+            return {"eager": timed(model), "eager_repeat": timed(model)}
+        if self.compiled is None:
+            self.compiled = compile_reference(model, sets)
+        compiled, error = self.compiled
+        if kind == "compile" or compiled is None:
+            return {"compiled": None, "compile_error": error}
+        return {"compiled": timed(compiled), "compile_error": None}
+
+    def trim(self) -> dict[str, Any]:
+        """After the baselines: drop the timing inputs and the compiled model (trial 0's inputs stay,
+        for the ghost probe); returns the device memory still held."""
+        import gc
+
+        for i, trial in enumerate(self.trials):
+            if i != 0:
+                trial.inputs = None
+        self.compiled = None
+        gc.collect()
+        self._empty_cache()
+        return {"memory_bytes": self.memory_bytes()}

@@ -1,0 +1,269 @@
+"""The candidate's worker: one fresh process per candidate, which never holds a reference output.
+
+The parent sends `setup` (the task, the weight seeds and the reference's output spec: structure,
+shapes, dtypes; nothing of the reference's values), then `build` (import the candidate, load its
+kernels, which the build pool has usually compiled already), `weights`, and per correctness trial
+`run_trial` with that trial's seed, sent only when the trial runs. The worker draws the trial's
+inputs itself, on the device, from that seed (the reference process drew the same ones: their
+fingerprints must match), runs the candidate on freshly churned memory, checks the outputs' types
+against the spec and the inputs for mutation, and exports the outputs (transfer.py) for the
+reference process to compare. `determinism`, `anticheat`, `ghost_run`, `timing` and `kernel_audit`
+follow. Every reply carries raw measurements and the integrity snapshot (global state, threads)
+taken before the candidate's import; the parent decides.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cutegen.records import to_json
+
+CANDIDATE_FILE = "candidate.py"
+CANDIDATE_MODULE = "cutegen_candidate"
+
+
+class CandidateSession:
+    """The state one candidate's worker keeps."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        import torch
+
+        from cutegen.evaluate.checks_dynamic import snapshot_global_state, thread_snapshot
+        from cutegen.evaluate.protocol import Hooks, apply_track, runtime_from_json, task_from_json
+        from cutegen.runtime import use_config
+        from cutegen.tasks import task_module
+
+        self.job = job
+        self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
+        self.hooks = Hooks(self.device)
+        apply_track(job["track"])
+        self.runtime = runtime_from_json(job.get("runtime"))
+        self._config_scope = use_config(self.runtime)  # lazy builds in forward use it too
+        self._config_scope.__enter__()
+        self.task = task_from_json(job["task"])
+        self.module = task_module(self.task)
+        torch.manual_seed(job["init_seed"])
+        self.init_inputs = list(self.module.get_init_inputs())
+        self.candidate: Any = None
+        self.models: dict[int, Any] = {}
+        # What the reference process is reading, one group of tensors per exported output: kept until
+        # the next command (`reexport` sends a group again as files, where CUDA IPC fails).
+        self.exported: list[list[Any]] = []
+        self.transfer = job.get("transfer", "auto")
+        self.workdir = Path.cwd()
+        self.state_before = snapshot_global_state()
+        self.threads_before = thread_snapshot()
+
+    def close(self) -> None:
+        self._config_scope.__exit__(None, None, None)
+
+    def _integrity(self) -> dict[str, Any]:
+        """Global state and thread changes since the snapshot taken before the candidate's import."""
+        from cutegen.evaluate.checks_dynamic import global_state_changes, new_threads, snapshot_global_state
+
+        return {"state_changes": to_json(list(global_state_changes(self.state_before, snapshot_global_state()))),
+                "new_threads": to_json(list(new_threads(self.threads_before)))}
+
+    def _export(self, outputs: Any) -> dict[str, Any]:
+        from cutegen.evaluate.compare import flatten_outputs
+        from cutegen.evaluate.transfer import export_outputs
+
+        descriptor, keep = export_outputs(flatten_outputs(outputs), self.workdir, via=self.transfer)
+        self.exported.append(keep)
+        return {**descriptor, "group": len(self.exported) - 1}
+
+    def reexport(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """An exported group of outputs again, as files (after the reference process could not open
+        it by CUDA IPC); later exports of this worker use files too."""
+        from cutegen.evaluate.transfer import export_outputs
+
+        self.transfer = "file"
+        descriptor, _ = export_outputs(self.exported[int(payload["group"])], self.workdir, via="file")
+        return {**descriptor, "group": int(payload["group"])}
+
+    def _inputs(self, spec: dict[str, Any]) -> list[Any]:
+        """A trial's inputs, drawn here from its seed as the reference process drew them."""
+        from cutegen.evaluate.correctness import make_inputs
+
+        strength = tuple(spec["strength"]) if spec.get("strength") else None
+        return make_inputs(self.module, spec["seed"], strength, self.device, self.device)
+
+    def _model(self, weight: int) -> Any:
+        return self.models[weight]
+
+    def release(self) -> None:
+        """The reference process is done with the last exports."""
+        self.exported.clear()
+
+    # -- the candidate
+
+    def build(self, payload: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
+        self.candidate, kernels = import_and_build(payload["source"], self.runtime)
+        model_new = getattr(self.candidate, "ModelNew", None)
+        has_model = isinstance(model_new, type) and issubclass(model_new, torch.nn.Module)
+        return {"build_s": time.perf_counter() - started, "kernels": kernels, "model_new": has_model,
+                **self._integrity()}
+
+    def weights(self) -> dict[str, Any]:
+        """ModelNew built per weight seed exactly as the reference's Model was, and the fingerprints
+        of its parameters and buffers (compared by name with the reference's in the parent)."""
+        from cutegen.evaluate.compare import fingerprint
+        from cutegen.evaluate.correctness import build_model
+
+        prints = []
+        for k, seed in enumerate(self.job["weight_seeds"]):
+            self.models[k] = build_model(self.candidate.ModelNew, self.init_inputs, seed, self.device)
+            prints.append({name: fingerprint(t) for name, t in self.models[k].state_dict().items()})
+        return {"weights": prints, **self._integrity()}
+
+    def run_trial(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One correctness call: inputs drawn from the trial's seed, memory churned first when asked,
+        the outputs' types checked against the reference's spec, the inputs checked for mutation,
+        the outputs exported for the reference process."""
+        import torch
+
+        from cutegen.evaluate.checks_dynamic import check_output_types, inputs_mutated
+        from cutegen.evaluate.compare import fingerprint
+        from cutegen.evaluate.correctness import to_device
+
+        self.release()
+        inputs = self._inputs(payload)
+        prints = ([fingerprint(x) if isinstance(x, torch.Tensor) else repr(x) for x in inputs]
+                  if payload.get("fingerprint") else None)
+        pristine = to_device(inputs, self.device)
+        if payload.get("churn"):
+            self.hooks.churn()
+        with torch.no_grad():
+            out = self._model(payload["weight"])(*inputs)
+        self.hooks.synchronize()
+        problems = check_output_types(out, self.job["spec"])
+        findings = [{"check": "check_output_types", "message": p, "line": None} for p in problems]
+        mutated = [i for i in inputs_mutated(pristine, inputs) if i not in payload.get("ref_mutates", [])]
+        del pristine, inputs
+        descriptor = None if problems else self._export(out)
+        return {"fingerprints": prints, "findings": findings, "mutated": mutated, "outputs": descriptor,
+                **self._integrity()}
+
+    def determinism(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The candidate twice on identical inputs, with memory churned before each call; the two
+        outputs are compared here (no reference is involved)."""
+        import torch
+
+        from cutegen.evaluate.compare import compare_outputs, flatten_outputs
+        from cutegen.evaluate.correctness import DETERMINISM_FACTOR, tensors_of, to_device
+
+        self.release()
+        inputs = self._inputs(payload)
+        outs = []
+        for _ in range(2):
+            args = to_device(inputs, self.device)
+            self.hooks.churn()
+            with torch.no_grad():
+                outs.append(self._model(payload["weight"])(*args))
+            self.hooks.synchronize()
+            del args
+        first, second = outs
+        pairs = list(zip(tensors_of(first), tensors_of(second)))
+        bitwise = len(pairs) == len(tensors_of(first)) and all(
+            a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+            for a, b in pairs)
+        atol, rtol = payload["atol"] * DETERMINISM_FACTOR, payload["rtol"] * DETERMINISM_FACTOR
+        tight = compare_outputs(flatten_outputs(second), flatten_outputs(first), atol, rtol)
+        return to_json({"bitwise": bitwise, "errors": tight, **self._integrity()})
+
+    def anticheat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The op audit (backends that require own kernels): every aten op of one forward."""
+        import torch
+
+        from cutegen.evaluate import checks_dynamic as dyn
+
+        self.release()
+        result: dict[str, Any] = {}
+        if self.job["backend"] != "torch":
+            inputs = self._inputs(payload)
+            with dyn.OpAudit() as audit, torch.no_grad():
+                self._model(payload["weight"])(*inputs)
+            self.hooks.synchronize()
+            result["ops"] = sorted(set(audit.ops))
+            result["disallowed_ops"] = dyn.disallowed_ops(audit.ops, self.job["backend"])
+        return to_json({**result, **self._integrity()})
+
+    def ghost_run(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The candidate's half of one ghost perturbation: its outputs on trial 0's inputs and on the
+        same inputs with one element moved (checks_dynamic.perturbed), both exported."""
+        import torch
+
+        from cutegen.evaluate.checks_dynamic import check_output_types, perturbed
+        from cutegen.evaluate.correctness import to_device
+
+        self.release()
+        inputs = self._inputs(payload)
+        model = self._model(payload["weight"])
+        with torch.no_grad():
+            base = model(*to_device(inputs, self.device))
+            moved = model(*perturbed(inputs, payload["index"], payload["position"], payload["delta"]))
+        self.hooks.synchronize()
+        if check_output_types(moved, self.job["spec"]):  # a changed shape: the reference says so
+            return {"base": self._export(base), "perturbed": {"leaves": []}, **self._integrity()}
+        return {"base": self._export(base), "perturbed": self._export(moved), **self._integrity()}
+
+    def timing(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The timing protocol (timing.time_forward) over the timing trials' inputs, drawn here; the
+        outputs of the randomly chosen calls in `keep` are exported for the reference process."""
+        from cutegen.evaluate.timing import time_forward
+
+        self.release()
+        sets = [self._inputs(spec) for spec in payload["sets"]]
+        self.hooks.churn()  # the correctness calls' outputs are freed: no stale result survives
+        run = time_forward(self._model(0), sets, device=self.device, trials=payload["trials"],
+                           warmup=payload["warmup"], keep=payload["keep"])
+        kept = [{"call": i, "set": which, "outputs": self._export(out)} for i, (which, out) in sorted(run.kept.items())]
+        del sets
+        return to_json({"times_ms": run.times_ms, "kept": kept, "stream_ms": run.stream_ms, "idle_ms": run.idle_ms,
+                        "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
+
+    def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The kernels one forward launches (the parent asks for it on CUDA when own kernels are
+        required); run last: see anticheat.py."""
+        import torch
+
+        from cutegen.evaluate import checks_dynamic as dyn
+
+        self.release()
+        inputs = self._inputs(payload)
+        model = self._model(payload["weight"])
+
+        def forward(*xs: Any) -> Any:
+            with torch.no_grad():
+                return model(*xs)
+
+        return to_json({"kernels": dyn.audit_kernels(forward, inputs), **self._integrity()})
+
+
+def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Import the candidate from a file in the working directory and build each of its CuTe kernels.
+
+    A KernelBench-style candidate that calls `load_inline` at import builds during the import; the
+    parent's build timeout covers both.
+    """
+    from cutegen.runtime import find_kernels
+
+    path = Path.cwd() / CANDIDATE_FILE
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[CANDIDATE_MODULE] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    kernels = []
+    for kernel in find_kernels(module):
+        result = kernel.build(runtime)
+        kernels.append({"name": kernel.name, "cached": result.cached, "compile_s": result.compile_s,
+                        "arch": result.arch})
+    return module, kernels

@@ -1,0 +1,370 @@
+"""Evaluation as a service: builds on the CPU cores, one queue per GPU, a task's reference work once.
+
+`Evaluator` owns the processes that evaluations use and keeps them between evaluations of a run:
+
+- a build pool of CPU workers (`build`): each candidate is imported and its kernels compiled there,
+  several at once, beside the GPU's queue; a build error is judged from there and never takes a
+  GPU, and on a machine with nvcc and no GPU the agent builds and repairs before it must stop;
+- one lane per GPU (`lane`): an evaluation holds a lane for its GPU work, one at a time, so nothing
+  else runs on that GPU while it measures. A lane keeps a warm spare candidate worker (its CUDA
+  context is created only after the previous evaluation's timing, never during one) and the
+  task's reference processes (reference.py): started at a task's first evaluation on the lane,
+  which also measures the task's baselines there (cached per device), then reused by every later
+  candidate of the task, until memory makes room for another task's (least recently used first);
+- on the CPU device, one lane and no spare (a spare would start on the cores being timed).
+
+The threat analysis of this design is the evaluate package's documentation (evaluate/__init__.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from cutegen.errors import TaskError
+from cutegen.records import Baselines, Peaks, Task
+
+REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of a lane may hold
+CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memory to measure)
+CORES_PER_LANE = 2  # cores reserved for a GPU lane's workers when the machine has enough to spare
+
+
+@dataclass
+class ReferenceProcess:
+    """A task's reference process on one lane and what it reported."""
+
+    key: tuple
+    worker: Any
+    job: dict[str, Any]
+    data: dict[str, Any]  # the reply to `reference`: spec, leaves, trials, weights, tolerance...
+    degenerate: tuple[str, ...]
+    baselines: Baselines | None = None
+    peaks: Peaks | None = None
+    measured: bool = False  # baselines and peaks looked up (from the caches or measured)
+    memory_bytes: int = 0
+    evaluations: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def reference_key(task: Task, config: Any) -> tuple:
+    """What a reference process depends on: the task and the settings its trials were made with."""
+    return (task.task_id, task.source_sha256, config.device, config.track, config.correctness_trials,
+            config.adversarial_trials, config.weight_seeds, config.timing_input_sets, config.atol, config.rtol)
+
+
+class Lane:
+    """One GPU (or the CPU): its candidate workers, its reference processes, one evaluation at a time."""
+
+    def __init__(self, evaluator: "Evaluator", gpu: int | None, cpus: tuple[int, ...] | None,
+                 spare_cpus: tuple[int, ...] | None = None) -> None:
+        from cutegen.evaluate.worker import WorkerPool
+
+        self.evaluator, self.gpu, self.cpus, self.spare_cpus = evaluator, gpu, cpus, spare_cpus
+        cuda = evaluator.device == "cuda"
+        self.pool = WorkerPool(evaluator.device, (gpu,) if cuda else (0,), log_tail_bytes=evaluator.log_tail_bytes,
+                               warm_spares=cuda, cpus=cpus, spare_cpus=spare_cpus)
+        self.references: collections.OrderedDict[tuple, ReferenceProcess] = collections.OrderedDict()
+        self.busy = False
+        # The next task's reference process, started ahead (importing torch, and torch.compile's
+        # machinery for the baselines: seconds of CPU, nothing on the GPU until its first command).
+        self.reference_spare: Any = None
+
+    # -- reference processes
+
+    def reference(self, task: Task, config: Any) -> ReferenceProcess:
+        """The task's reference process on this lane: kept, or started now (reference, probe,
+        baselines, peaks); its `seconds` say what this call spent. A failure of the reference is the
+        task's (TaskError)."""
+        key = reference_key(task, config)
+        ref = self.references.get(key)
+        if ref is not None and not ref.worker.closed:
+            self.references.move_to_end(key)
+            ref.seconds = {}
+            return ref
+        if ref is not None:
+            self.drop(ref)
+        self._make_room(need=_reference_bytes(task, config))
+        ref = self._start_reference(task, config, key)
+        self.references[key] = ref
+        return ref
+
+    def _start_reference(self, task: Task, config: Any, key: tuple) -> ReferenceProcess:
+        from cutegen.evaluate.cache import load_probe, save_probe
+        from cutegen.evaluate.jobs import reference_job
+        from cutegen.evaluate.worker import Worker, WorkerDied
+
+        started = time.perf_counter()
+        cached = load_probe(config.cache_dir, task, config.track)
+        job = reference_job(task, config, trials=config.correctness_trials, adversarial=config.adversarial_trials,
+                            weight_seeds=config.weight_seeds, probe=cached is None)
+        compile_warm = config.do_timing and config.compile_baseline
+
+        def spawn() -> Any:
+            return Worker(self.evaluator.device, self.gpu, self.evaluator.log_tail_bytes, warm_profiler=False,
+                          warm_compile=compile_warm, cpus=self.spare_cpus or self.cpus)
+
+        worker, self.reference_spare = self.reference_spare, None
+        if worker is None or worker.closed or worker.process.poll() is not None:
+            worker = spawn()
+        worker.pin(self.cpus)
+        if self.evaluator.device == "cuda":  # on the CPU a spare would start on the cores being timed
+            self.reference_spare = spawn()
+        try:
+            reply = worker.call("reference", job, timeout_s=config.reference_timeout_s)
+        except WorkerDied as died:
+            raise TaskError(f"The reference of task {task.task_id} did not complete in its process: {died.detail}."
+                            f"\n{died.log_tail[-1500:]}", "Run the task file on its own and check that its"
+                            " reference completes (or raise the reference timeout).") from None
+        if not reply["ok"]:
+            worker.close()
+            error = reply["error"]
+            raise TaskError(f"The reference of task {task.task_id} raised {error.get('type')}: "
+                            f"{error.get('message', '')[:1500]}", "Run the task file on its own and fix it.")
+        data = reply["data"]
+        degenerate = cached if cached is not None else tuple(data["degenerate"] or ())
+        if cached is None:
+            save_probe(config.cache_dir, task, config.track, degenerate)
+        ref = ReferenceProcess(key, worker, job, data, degenerate, memory_bytes=int(data.get("memory_bytes") or 0))
+        ref.seconds["reference"] = round(time.perf_counter() - started, 3)
+        return ref
+
+    def ready_reference(self, task: Task, config: Any) -> ReferenceProcess:
+        """`reference`, with the task's baselines and the device's peaks looked up once per
+        reference process: from the caches, or measured in the reference process on its timing
+        inputs, which it then drops. torch.compile that takes the process down is recorded as the
+        compile baseline's error, and eager is measured in a new reference process."""
+        from dataclasses import replace
+
+        from cutegen.evaluate.baselines import baselines_path, measure_in_reference
+        from cutegen.evaluate.cache import save_json
+        from cutegen.evaluate.sol import cached_peaks
+        from cutegen.records import to_json
+
+        ref = self.reference(task, config)
+        if ref.measured or not config.do_timing:
+            return ref
+        seconds, started = dict(ref.seconds), time.perf_counter()
+        baselines, died = measure_in_reference(task, config, ref.worker, ref.worker.info, self.settle,
+                                               seconds.get("reference", 0.0))
+        if died is not None:
+            self.drop(ref)
+            ref = self.reference(task, config)
+            seconds["reference"] = seconds.get("reference", 0.0) + ref.seconds.get("reference", 0.0)
+            info = ref.worker.info
+            baselines, _ = measure_in_reference(task, replace(config, compile_baseline=False), ref.worker, info,
+                                                self.settle, ref.seconds.get("reference", 0.0))
+            if baselines is not None:
+                baselines = replace(baselines, compile_error=died)
+                save_json(baselines_path(config.cache_dir, task, config.track, info["device_name"],
+                                         info["torch_version"]), to_json(baselines))
+        ref.baselines = baselines
+        seconds["baselines"] = round(time.perf_counter() - started, 3)
+        if self.evaluator.device == "cuda":
+            started = time.perf_counter()
+            ref.peaks = cached_peaks(config.cache_dir, ref.worker.info,
+                                     lambda: ref.worker.call("peaks", timeout_s=config.run_timeout_s))
+            seconds["peaks"] = round(time.perf_counter() - started, 3)
+        reply = ref.worker.call("trim", timeout_s=config.run_timeout_s)
+        if reply.get("ok"):
+            ref.memory_bytes = int(reply["data"].get("memory_bytes") or 0)
+        ref.measured, ref.seconds = True, seconds
+        return ref
+
+    def drop(self, ref: ReferenceProcess) -> None:
+        """Close a reference process (after it died, broke, or to make room)."""
+        self.references.pop(ref.key, None)
+        ref.worker.close()
+
+    def _make_room(self, need: int) -> None:
+        """Before a new reference process starts: close the least recently used ones while the lane's
+        would hold more than REFERENCE_MEMORY_FRACTION of the GPU's memory with `need` more bytes
+        (CPU lanes: while they number CPU_LANE_REFERENCES or more). The rest of the GPU is the
+        candidate's: its inputs, outputs and timing sets."""
+        total = int(self.pool.info().get("total_memory") or 0) if self.evaluator.device == "cuda" else 0
+        while self.references:
+            held = sum(r.memory_bytes for r in self.references.values())
+            over = held + need > REFERENCE_MEMORY_FRACTION * total if total else \
+                len(self.references) >= CPU_LANE_REFERENCES
+            if not over:
+                return
+            self.drop(next(iter(self.references.values())))
+
+    # -- candidates
+
+    @contextlib.contextmanager
+    def candidate_worker(self) -> Iterator[Any]:
+        with self.pool.worker() as worker:
+            worker.settle = self.settle
+            yield worker
+
+    def settle(self) -> None:
+        """Wait until no worker of this lane is starting (see WorkerPool._settle), the reference
+        spare included."""
+        from cutegen.errors import ToolchainError
+        from cutegen.evaluate.worker import WorkerDied
+
+        self.pool._settle(0)
+        spare = self.reference_spare
+        if spare is not None and not self.pool._spares_apart():
+            try:
+                spare.wait_started()
+            except (ToolchainError, WorkerDied):
+                self.reference_spare = None
+
+    def warm_spare(self) -> None:
+        self.pool.warm_spare()
+
+    def close(self) -> None:
+        for ref in list(self.references.values()):
+            self.drop(ref)
+        if self.reference_spare is not None:
+            self.reference_spare.kill()
+        self.pool.close()
+
+
+class Evaluator:
+    """The processes of a run's evaluations (module docstring). Thread-safe: the agent evaluates
+    several candidates at once; each holds a lane only for its GPU work."""
+
+    def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, build_jobs: int | None = None,
+                 log_tail_bytes: int = 16384, pin_cpus: bool = True) -> None:
+        from cutegen.evaluate.worker import WorkerPool
+
+        self.device, self.log_tail_bytes = device, log_tail_bytes
+        lanes = list(gpus) if device == "cuda" else [None]
+        lane_cpus, build_cpus = _split_cores(len(lanes), pin_cpus and device == "cuda")
+        self.lanes = [Lane(self, gpu, cpus, build_cpus) for gpu, cpus in zip(lanes, lane_cpus)]
+        cores = len(build_cpus) if build_cpus else (os.cpu_count() or 2)
+        self.build_jobs = max(1, build_jobs if build_jobs is not None else max(1, cores - 1))
+        self.builds = WorkerPool("cpu", cpu_slots=self.build_jobs, log_tail_bytes=log_tail_bytes,
+                                 warm_spares=False, warm_profiler=False, cpus=build_cpus)
+        self._cond = threading.Condition()
+        self._tickets = 0
+        self._waiting: dict[int, tuple[str, str]] = {}  # ticket -> (task id, source hash) of a waiting evaluation
+        self._arch: str | None = None
+        self.transfer = "auto"  # how candidates export outputs: "file" once CUDA IPC has failed here
+        # (what, label, start, end) in time.monotonic() seconds: each build in the pool and each hold of
+        # a lane, for a run's report of where time went and what overlapped (bounded: a long run keeps
+        # the latest).
+        self.timeline: collections.deque[tuple[str, str, float, float]] = collections.deque(maxlen=100_000)
+
+    @classmethod
+    def for_config(cls, config: Any, **kwargs: Any) -> "Evaluator":
+        return cls(config.device, tuple(config.gpus), log_tail_bytes=config.log_tail_bytes, **kwargs)
+
+    def with_arch(self, config: Any) -> Any:
+        """`config` with the build architecture read from the device when it is not set, so that the
+        build pool (which has no GPU) and the candidate's worker compile for, and look up builds
+        under, the same key. Unchanged without a device (the build pool then cannot build: the
+        evaluation stops where it needs the device) or when nothing is built (backend torch)."""
+        from dataclasses import replace
+
+        from cutegen.runtime import normalize_arch
+
+        if config.device != "cuda" or config.backend == "torch" or config.runtime.arch:
+            return config
+        with self._cond:
+            if self._arch is None:
+                capability = self.lanes[0].pool.info().get("capability")
+                self._arch = normalize_arch(f"sm_{capability[0]}{capability[1]}") if capability else ""
+        return replace(config, runtime=replace(config.runtime, arch=self._arch)) if self._arch else config
+
+    def build(self, source: str, config: Any, label: str = "") -> dict[str, Any]:
+        """Import the candidate and build its kernels in a CPU worker (no GPU); the reply, with
+        `conclusive` False when the failure may be this machine's and not the candidate's (an import
+        that needs a GPU, a load_inline build where torch has no CUDA): then the GPU's worker builds
+        again and judges."""
+        from cutegen.evaluate.worker import WorkerDied
+        from cutegen.records import to_json
+
+        payload = {"source": source, "runtime": to_json(config.runtime)}
+        started, began = time.perf_counter(), time.monotonic()
+        try:
+            with self.builds.worker() as worker:
+                reply = worker.call("prebuild", payload, timeout_s=config.build_timeout_s,
+                                    timeout_reason="build_timeout")
+                reply["log_tail"] = worker.log_tail()
+        except WorkerDied as died:
+            reply = {"ok": False, "died": died.reason, "detail": died.detail, "log_tail": died.log_tail}
+        reply["wall_s"] = round(time.perf_counter() - started, 3)
+        self.timeline.append(("build", label, began, time.monotonic()))
+        error = reply.get("error") or {}
+        reply["conclusive"] = bool(reply.get("ok")) or reply.get("died") == "build_timeout" or (
+            error.get("kind") == "build_error" and error.get("type") == "BuildError")
+        return reply
+
+    @contextlib.contextmanager
+    def lane(self, task: Task) -> Iterator[Lane]:
+        """A lane for one evaluation's GPU work, held until the block ends. A freed lane goes to the
+        evaluation waiting longest among those whose task's reference process it holds, else to the
+        one waiting longest: a task's candidates follow each other while its reference is kept."""
+        with self._cond:
+            ticket = self._tickets = self._tickets + 1
+            self._waiting[ticket] = (task.task_id, task.source_sha256)
+            while (lane := self._free_lane_for(ticket)) is None:
+                self._cond.wait()
+            del self._waiting[ticket]
+            lane.busy = True
+            self._cond.notify_all()  # the other waiters look again: another lane may be free for them
+        began = time.monotonic()
+        try:
+            yield lane
+        finally:
+            self.timeline.append(("lane", task.task_id, began, time.monotonic()))
+            with self._cond:
+                lane.busy = False
+                self._cond.notify_all()
+
+    def _free_lane_for(self, ticket: int) -> Lane | None:
+        """The free lane whose best waiter is `ticket`, if any (under the condition's lock)."""
+        for lane in self.lanes:
+            if lane.busy:
+                continue
+            held = {key[:2] for key in lane.references}
+            best = min(self._waiting, key=lambda t: (self._waiting[t] not in held, t))
+            if best == ticket:
+                return lane
+        return None
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+        self.builds.close()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _reference_bytes(task: Task, config: Any) -> int:
+    """What a task's reference process will hold on the device, from the task's trace (no memory,
+    no arithmetic): every trial's outputs, and trial 0's and the timing trials' inputs (until the
+    baselines are measured); 0 when the trace cannot say."""
+    from cutegen.trace import trace_task
+
+    trace = trace_task(task)
+    if trace.output_bytes is None or trace.input_bytes is None:
+        return 0
+    trials = config.correctness_trials + config.adversarial_trials
+    return trials * trace.output_bytes + (config.timing_input_sets + 1) * trace.input_bytes + (trace.param_bytes or 0)
+
+
+def _split_cores(lanes: int, pin: bool) -> tuple[list[tuple[int, ...] | None], tuple[int, ...] | None]:
+    """(cores of each lane's workers, cores of the build pool). Each GPU lane gets CORES_PER_LANE
+    cores of its own when at least four are left for builds (a compiler on the core of a timed
+    process delays its launches); otherwise nothing is pinned."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return [None] * lanes, None
+    if not pin or len(cores) - lanes * CORES_PER_LANE < 4:
+        return [None] * lanes, None
+    lane_cpus = [tuple(cores[i * CORES_PER_LANE:(i + 1) * CORES_PER_LANE]) for i in range(lanes)]
+    return lane_cpus, tuple(cores[lanes * CORES_PER_LANE:])

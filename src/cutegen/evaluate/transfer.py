@@ -1,0 +1,170 @@
+"""Handing a candidate's outputs to the reference process, which alone holds the reference outputs.
+
+The candidate's worker exports the output tensors of one call (`export_outputs`) and sends the
+parent a JSON descriptor; the parent passes it to the task's reference process, which opens it
+(`open_outputs`), compares, and closes it. Nothing flows the other way: the reference process never
+exports memory, so no handle, file or address of it ever reaches a candidate's process.
+
+- On a CUDA device the outputs are shared by CUDA IPC (`cudaIpcGetMemHandle` through torch's storage
+  sharing, as torch.multiprocessing does): the reference process maps the candidate's device memory
+  and reads the outputs in place, device to device, with no host copy of gigabyte outputs. The
+  mapping covers the candidate's whole allocation segment, which holds nothing of the reference's.
+- On the CPU each output is written to a file in the candidate's working directory and mapped by the
+  reference process (`torch.from_file`); that directory is removed with the worker.
+
+A descriptor is data from an untrusted process: the reader checks every leaf's dtype, shape and size
+against the reference's before it maps anything, so a forged size or shape is refused rather than
+read past (a forged CUDA IPC handle can still break the reader's CUDA context: the parent then
+replaces the reference process and fails the candidate).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+           "complex64", "complex128")
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} cannot be transferred")
+    return getattr(torch, name)
+
+
+def dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def export_outputs(leaves: list[Any], folder: Path, via: str = "auto") -> tuple[dict[str, Any], list[Any]]:
+    """(descriptor, what the caller must keep alive until the reader is done) for output tensors.
+
+    Each leaf is exported contiguous (a non-contiguous output is copied once): the reader compares
+    elementwise by shape, never by strides. `via`: "auto" (CUDA IPC for device tensors, files for
+    host ones) or "file" (files for all: the fallback where CUDA IPC fails). `folder` receives the
+    files."""
+    import torch
+
+    described, keep = [], []
+    for leaf in leaves:
+        tensor = leaf.detach()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        keep.append(tensor)
+        entry = {"dtype": dtype_name(tensor), "shape": list(tensor.shape)}
+        if tensor.device.type == "cuda" and via == "auto":
+            entry.update(_export_cuda(tensor))
+        else:
+            entry.update(_export_file(tensor, folder))
+        described.append(entry)
+    if any(t.device.type == "cuda" for t in keep):
+        torch.cuda.synchronize()  # the reader's stream must find the outputs complete
+    return {"leaves": described}, keep
+
+
+def uses_ipc(descriptor: Any) -> bool:
+    return any(isinstance(e, dict) and e.get("kind") == "cuda_ipc" for e in (descriptor or {}).get("leaves", []))
+
+
+def _export_cuda(tensor: Any) -> dict[str, Any]:
+    if tensor.numel() == 0:
+        return {"kind": "empty"}
+    storage = tensor.untyped_storage()
+    (device, handle, size_bytes, offset_bytes, counter_handle, counter_offset, event_handle,
+     event_sync) = storage._share_cuda_()
+    return {"kind": "cuda_ipc", "device": int(device), "handle": _b64(handle), "storage_bytes": int(size_bytes),
+            "storage_offset_bytes": int(offset_bytes), "counter_handle": _b64(counter_handle),
+            "counter_offset": int(counter_offset), "event_handle": _b64(event_handle),
+            "event_sync": bool(event_sync), "element_offset": int(tensor.storage_offset())}
+
+
+def _export_file(tensor: Any, folder: Path) -> dict[str, Any]:
+    import torch
+
+    if tensor.numel() == 0:
+        return {"kind": "empty"}
+    path = Path(folder) / f"out-{uuid.uuid4().hex}.bin"
+    nbytes = tensor.numel() * tensor.element_size()
+    with open(path, "wb") as handle:
+        handle.truncate(nbytes)
+    mapped = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+    mapped.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    del mapped
+    return {"kind": "file", "path": str(path), "bytes": nbytes}
+
+
+class TransferError(Exception):
+    """A descriptor that does not describe outputs the reference can compare (the candidate's)."""
+
+
+@contextlib.contextmanager
+def open_outputs(descriptor: Any, expected: list[dict[str, Any]], device: Any) -> Iterator[list[Any]]:
+    """The output tensors a descriptor names, readable in this process until the block ends.
+
+    `expected` is the reference's leaf list (dtype and shape of each); a descriptor that differs in
+    count, dtype or shape raises TransferError before anything is mapped (check_output_types has
+    already told the candidate's worker why)."""
+    leaves = descriptor.get("leaves") if isinstance(descriptor, dict) else None
+    if not isinstance(leaves, list) or len(leaves) != len(expected):
+        raise TransferError("the outputs' descriptor does not list one entry per reference output")
+    opened = []
+    try:
+        for entry, want in zip(leaves, expected):
+            if entry.get("dtype") != want["dtype"] or list(entry.get("shape", [])) != list(want["shape"]):
+                raise TransferError(f"an output is {entry.get('dtype')} {entry.get('shape')}, the reference's"
+                                    f" {want['dtype']} {want['shape']}")
+            opened.append(_open_leaf(entry, device))
+        yield opened
+    finally:
+        del opened[:]
+
+
+def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
+    import torch
+
+    dtype, shape = _dtype(entry["dtype"]), [int(s) for s in entry["shape"]]
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    kind = entry.get("kind")
+    if kind == "empty" or numel == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if kind == "file":
+        path = Path(str(entry.get("path")))
+        if int(entry.get("bytes", -1)) != nbytes or not path.is_file() or path.stat().st_size < nbytes:
+            raise TransferError("an output file is missing or shorter than the output it should hold")
+        flat = torch.from_file(str(path), shared=False, size=nbytes, dtype=torch.uint8)
+        return flat.view(dtype).view(shape).to(device)
+    if kind == "cuda_ipc":
+        offset = int(entry["element_offset"])
+        if offset < 0 or (offset + numel) * (nbytes // numel) > int(entry["storage_bytes"]):
+            raise TransferError("an output's storage is smaller than the output")
+        storage = torch.UntypedStorage._new_shared_cuda(
+            int(entry["device"]), _unb64(entry["handle"]), int(entry["storage_bytes"]),
+            int(entry["storage_offset_bytes"]), _unb64(entry["counter_handle"]), int(entry["counter_offset"]),
+            _unb64(entry["event_handle"]), bool(entry["event_sync"]))
+        return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape)
+    raise TransferError(f"unknown output transfer kind {kind!r}")
+
+
+def remove_files(descriptor: Any) -> None:
+    """Delete the files of a CPU export (the worker's directory goes too, this is only sooner)."""
+    for entry in (descriptor or {}).get("leaves", []):
+        if isinstance(entry, dict) and entry.get("kind") == "file":
+            with contextlib.suppress(OSError):
+                os.unlink(entry["path"])

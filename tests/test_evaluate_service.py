@@ -1,0 +1,173 @@
+"""The evaluation service on CPU: a task's reference work is done once and serves its later
+candidates; builds run in the CPU pool beside a held GPU lane; outputs cross between the candidate's
+process and the reference process only as the candidate's exports; a task whose inputs cannot be
+drawn again from their seed is the task's error."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.errors import TaskError
+from cutegen.evaluate.pipeline import evaluate_candidate
+from cutegen.evaluate.service import Evaluator
+from cutegen.tasks import load_task
+
+from helpers import needs_nvcc
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = REPO / "examples" / "tasks"
+HONEST = REPO / "tests" / "fixtures" / "honest"
+
+
+def config(tmp_path: Path, **over) -> EvalConfig:
+    fields = dict(device="cpu", backend="torch", do_timing=False, cache_dir=tmp_path / "eval", run_timeout_s=120.0,
+                  correctness_trials=2, adversarial_trials=1, weight_seeds=1)
+    fields.update(over)
+    return EvalConfig(**fields)
+
+
+def test_a_tasks_second_candidate_reuses_its_reference_process(tmp_path):
+    cfg = config(tmp_path)
+    task = load_task(TASKS / "swish_scale.py")
+    second_source = tmp_path / "swish_again.py"
+    second_source.write_text((HONEST / "swish_scale.py").read_text() + "\n# another candidate, same kernel\n")
+    with Evaluator("cpu") as service:
+        first = evaluate_candidate(HONEST / "swish_scale.py", task, cfg, service)
+        (lane,) = service.lanes
+        (ref,) = lane.references.values()
+        pid = ref.worker.process.pid
+        second = evaluate_candidate(second_source, task, cfg, service)
+        assert first.passed and second.passed, (first.feedback, second.feedback)
+        assert first.candidate_sha256 != second.candidate_sha256
+        assert "reference" in dict(first.stage_s) and "reference" not in dict(second.stage_s)
+        (again,) = lane.references.values()
+        assert again is ref and again.worker.process.pid == pid and again.evaluations == 2
+        other = evaluate_candidate(HONEST / "row_softmax.py", load_task(TASKS / "row_softmax.py"), cfg, service)
+        assert other.passed and "reference" in dict(other.stage_s) and len(lane.references) == 2
+
+
+def test_the_candidates_worker_holds_no_reference_output(tmp_path):
+    """A candidate that returns the first tensor of the output's shape it finds on the Python heap
+    (other than its input) got the reference's result when reference outputs lived in its process;
+    now it finds only its own tensors and fails the comparison (fixture 40_heap_reference)."""
+    path = REPO / "tests" / "fixtures" / "cheats" / "40_heap_reference.py"
+    verdict = evaluate_candidate(path, load_task(TASKS / "swish_scale.py"), config(tmp_path))
+    assert verdict.failure == "compare_outputs", verdict.feedback
+    assert verdict.errors.mismatched_elements > 0
+
+
+UNSEEDED_TASK = '''
+import os
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    # drawn from the OS, not from the seeded generators: another draw is another input
+    return [torch.frombuffer(bytearray(os.urandom(4 * 64)), dtype=torch.float32).clone().nan_to_num(0.0)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+DOUBLER = '''
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+'''
+
+
+def test_inputs_that_do_not_follow_their_seed_are_the_tasks_error(tmp_path):
+    (tmp_path / "unseeded.py").write_text(UNSEEDED_TASK)
+    (tmp_path / "doubler.py").write_text(DOUBLER)
+    with pytest.raises(TaskError, match="differ from the reference's draw"):
+        evaluate_candidate(tmp_path / "doubler.py", load_task(tmp_path / "unseeded.py"), config(tmp_path))
+
+
+SLOW_BUILD = '''
+import time
+
+import torch
+import torch.nn as nn
+
+from cutegen.runtime import CuteKernel
+
+time.sleep({sleep})  # the import is part of the build: here it stands for a long compile
+kernel = CuteKernel(r"""
+#include <cuda_runtime.h>
+__global__ void noop_kernel() {{}}
+extern "C" int noop(cudaStream_t stream) {{ noop_kernel<<<1, 1, 0, stream>>>(); return int(cudaGetLastError()); }}
+""", {{"noop": ()}}, name="noop_{tag}")
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * torch.sigmoid(x) * self.scale
+'''
+
+
+@needs_nvcc
+def test_builds_run_in_the_cpu_pool_while_another_candidate_holds_the_lane(tmp_path):
+    """The candidates declare a kernel (compiled for sm_90a on this GPU-less machine): the quick one
+    builds, then holds the lane for its evaluation while the slow one still builds in the pool."""
+    pytest.importorskip("cutlass_library")
+    cfg = config(tmp_path, runtime=RuntimeConfig(cache_dir=tmp_path / "build", arch="sm_90a"), build_timeout_s=300.0)
+    task = load_task(TASKS / "swish_scale.py")
+    quick, slow = tmp_path / "quick.py", tmp_path / "slow.py"
+    quick.write_text(textwrap.dedent(SLOW_BUILD.format(sleep=0, tag="quick")))
+    slow.write_text(textwrap.dedent(SLOW_BUILD.format(sleep=12, tag="slow")))
+    verdicts = {}
+    with Evaluator("cpu", build_jobs=2) as service:
+        threads = [threading.Thread(target=lambda p=p: verdicts.update({p.stem: evaluate_candidate(p, task, cfg, service)}))
+                   for p in (quick, slow)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        timeline = list(service.timeline)
+    assert all(v.passed for v in verdicts.values()), {k: v.feedback for k, v in verdicts.items()}
+    builds = [(start, end) for what, _, start, end in timeline if what == "build"]
+    lanes = [(start, end) for what, _, start, end in timeline if what == "lane"]
+    assert len(builds) == 2 and len(lanes) == 2
+    assert any(b0 < l1 and l0 < b1 for b0, b1 in builds for l0, l1 in lanes), timeline
+    assert all("build_pool" in dict(v.stage_s) for v in verdicts.values())
+
+
+def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
+    import torch
+
+    from cutegen.evaluate.transfer import TransferError, export_outputs, open_outputs, remove_files
+
+    out = (torch.arange(12, dtype=torch.float32).reshape(3, 4).t(), torch.tensor([1, 2], dtype=torch.int64))
+    descriptor, keep = export_outputs(list(out), tmp_path)
+    expected = [{"dtype": "float32", "shape": [4, 3]}, {"dtype": "int64", "shape": [2]}]
+    with open_outputs(descriptor, expected, torch.device("cpu")) as opened:
+        assert torch.equal(opened[0], out[0]) and torch.equal(opened[1], out[1])
+    with pytest.raises(TransferError, match="the reference's float32"):
+        with open_outputs(descriptor, [{"dtype": "float32", "shape": [3, 4]}, expected[1]], torch.device("cpu")):
+            pass
+    forged = {"leaves": [dict(descriptor["leaves"][0], bytes=4), descriptor["leaves"][1]]}
+    with pytest.raises(TransferError, match="shorter"):
+        with open_outputs(forged, expected, torch.device("cpu")):
+            pass
+    remove_files(descriptor)
+    assert not list(tmp_path.glob("out-*.bin"))
