@@ -142,6 +142,10 @@ def test_evaluate_judges_candidate_files_with_their_verdicts(evaluate_run, work)
     assert (all_["tasks"], all_["correct"]) == (6, 1)  # matmul counts by its sample 0, which failed
     lines = (run / "verdicts.jsonl").read_text().count("\n")
     assert lines == 4
+    # Not a terminal: one line per verdict, and the session's throughput
+    assert "swish_scale sample 0: passed" in out and "row_softmax sample 0: failed at correctness" in out
+    throughput = json.loads((run / "throughput.json").read_text())
+    assert throughput["evaluations"] == 4 and "throughput: 4 evaluations" in out
     code, out = cutegen(["bench", str(TASKS), "--evaluate", str(work / "candidates"), *FAST_EVAL,
                          "--runs-dir", "runs", "--run-id", "e1", "--no-report"], work)
     assert code == 0, out

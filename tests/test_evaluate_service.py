@@ -134,7 +134,7 @@ def test_builds_run_in_the_cpu_pool_while_another_candidate_holds_the_lane(tmp_p
     task = load_task(TASKS / "swish_scale.py")
     quick, slow = tmp_path / "quick.py", tmp_path / "slow.py"
     quick.write_text(textwrap.dedent(SLOW_BUILD.format(sleep=0, tag="quick")))
-    slow.write_text(textwrap.dedent(SLOW_BUILD.format(sleep=12, tag="slow")))
+    slow.write_text(textwrap.dedent(SLOW_BUILD.format(sleep=6, tag="slow")))
     verdicts = {}
     with Evaluator("cpu", build_jobs=2) as service:
         threads = [threading.Thread(target=lambda p=p: verdicts.update({p.stem: evaluate_candidate(p, task, cfg, service)}))

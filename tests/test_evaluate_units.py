@@ -295,7 +295,7 @@ def test_a_suite_shares_one_baseline_worker_until_it_dies_or_leaks_device_memory
 
 
 def test_runtime_config_survives_the_channel():
-    from cutegen.evaluate.protocol import runtime_from_json
+    from cutegen.evaluate.context import runtime_from_json
     from cutegen.records import to_json
 
     config = RuntimeConfig(cache_dir=Path("/x/build"), arch="sm_90a", extra_flags=("-lineinfo",))

@@ -5,9 +5,10 @@ parent, the build in a CPU pool, and the rest on a GPU lane of the evaluation se
 the candidate in a fresh worker process (runner.py), its outputs compared in the task's reference
 process (reference.py), which computes a task's trial inputs, reference outputs, float64 results and
 trivial-solution probe once per run and GPU and serves every candidate of the task. Processes and
-their protocol: worker.py (processes), protocol.py (commands), transfer.py (outputs between them),
-jobs.py (what each job is told). The judging of each stage: checks_static, correctness, compare,
-anticheat/checks_dynamic, timing, baselines, sol, probe; verdict.py assembles the Verdict.
+their protocol: worker.py (processes), protocol.py (commands), context.py (what a job sets up),
+transfer.py (outputs between them), jobs.py (what each job is told). The judging of each stage:
+checks_static, correctness, compare, anticheat/checks_dynamic, timing, baselines, sol, probe;
+verdict.py assembles the Verdict.
 
 Threat analysis of the per-task reference process (EVALUATION.md's guarantees, as it keeps them):
 

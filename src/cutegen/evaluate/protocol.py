@@ -30,50 +30,6 @@ CANDIDATE_COMMANDS = ("build", "weights", "run_trial", "determinism", "anticheat
                       "kernel_audit", "reexport", "release")
 
 
-def apply_track(track: str) -> None:
-    """TF32 off everywhere on the fp32 track, on for matmul and cuDNN on the tf32 track."""
-    import torch
-
-    tf32 = track == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-
-
-def task_from_json(data: dict[str, Any]) -> Any:
-    from cutegen.journal import from_json
-    from cutegen.records import Task
-
-    return from_json(Task, data)
-
-
-def runtime_from_json(data: dict[str, Any] | None) -> Any:
-    from cutegen.config import RuntimeConfig
-    from cutegen.journal import from_json
-
-    return from_json(RuntimeConfig, data) if data else RuntimeConfig()
-
-
-class Hooks:
-    """What differs between a CUDA and a CPU run."""
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-
-    def churn(self) -> None:
-        if self.cuda:
-            from cutegen.evaluate.checks_dynamic import churn_free_memory
-
-            churn_free_memory(self.device)
-
-    def synchronize(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-
-
 # --------------------------------------------------------------------------------------- dispatch
 
 
@@ -132,6 +88,7 @@ def _cmd_release(state: dict, payload: Any) -> Any:
 
 
 def _cmd_prebuild(state: dict, payload: Any) -> Any:
+    from cutegen.evaluate.context import runtime_from_json
     from cutegen.evaluate.runner import import_and_build
 
     started = time.perf_counter()
@@ -229,7 +186,7 @@ def _safe_str(err: BaseException) -> str:
 
 def describe_error(err: BaseException) -> dict[str, Any]:
     """What the parent needs to explain an exception: kind, message, the candidate's line, a traceback."""
-    from cutegen.evaluate.runner import CANDIDATE_FILE
+    from cutegen.evaluate.context import CANDIDATE_FILE
 
     message = _safe_str(err)
     try:

@@ -50,7 +50,7 @@ class ReferenceSession:
     def __init__(self, job: dict[str, Any]) -> None:
         import torch
 
-        from cutegen.evaluate.protocol import apply_track, task_from_json
+        from cutegen.evaluate.context import apply_track, task_from_json
         from cutegen.tasks import task_module
 
         self.job = job

@@ -22,7 +22,6 @@ from typing import Any
 
 from cutegen.records import to_json
 
-CANDIDATE_FILE = "candidate.py"
 CANDIDATE_MODULE = "cutegen_candidate"
 
 
@@ -33,7 +32,7 @@ class CandidateSession:
         import torch
 
         from cutegen.evaluate.checks_dynamic import snapshot_global_state, thread_snapshot
-        from cutegen.evaluate.protocol import Hooks, apply_track, runtime_from_json, task_from_json
+        from cutegen.evaluate.context import Hooks, apply_track, runtime_from_json, task_from_json
         from cutegen.runtime import use_config
         from cutegen.tasks import task_module
 
@@ -253,6 +252,7 @@ def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any
     A KernelBench-style candidate that calls `load_inline` at import builds during the import; the
     parent's build timeout covers both.
     """
+    from cutegen.evaluate.context import CANDIDATE_FILE
     from cutegen.runtime import find_kernels
 
     path = Path.cwd() / CANDIDATE_FILE

@@ -28,7 +28,7 @@ def run(job: dict[str, Any], folder: Path) -> None:
 
     from cutegen.evaluate.correctness import build_model, lowest_precision, make_inputs, tensors_of, to_device
     from cutegen.evaluate.runner import import_and_build
-    from cutegen.evaluate.protocol import apply_track, runtime_from_json
+    from cutegen.evaluate.context import apply_track, runtime_from_json
     from cutegen.journal import from_json
     from cutegen.records import Task
     from cutegen.runtime import find_kernels, use_config

@@ -1,0 +1,53 @@
+"""What every worker job sets up in its process: the precision track's flags, the task and the
+runtime settings from the job's JSON, and the hooks that differ between a CUDA and a CPU run. Shared
+by the reference process (reference.py) and the candidate's worker (runner.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CANDIDATE_FILE = "candidate.py"  # the candidate's source, written in its worker's working directory
+
+
+def apply_track(track: str) -> None:
+    """TF32 off everywhere on the fp32 track, on for matmul and cuDNN on the tf32 track."""
+    import torch
+
+    tf32 = track == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def task_from_json(data: dict[str, Any]) -> Any:
+    from cutegen.journal import from_json
+    from cutegen.records import Task
+
+    return from_json(Task, data)
+
+
+def runtime_from_json(data: dict[str, Any] | None) -> Any:
+    from cutegen.config import RuntimeConfig
+    from cutegen.journal import from_json
+
+    return from_json(RuntimeConfig, data) if data else RuntimeConfig()
+
+
+class Hooks:
+    """What differs between a CUDA and a CPU run."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def churn(self) -> None:
+        if self.cuda:
+            from cutegen.evaluate.checks_dynamic import churn_free_memory
+
+            churn_free_memory(self.device)
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
