@@ -659,17 +659,12 @@ class ProgressSnapshot:
 def step_line(task_id: str, label: str, verdict: Verdict | None, note: str | None = None) -> str:
     """One line for a log about one finished step or evaluation: task, stage, verdict, speedups and
     the seconds of each evaluation step (the GPU lane's and the build's)."""
+    from cutegen.prompt import measurements
+
     if verdict is None:
         return f"{task_id} {label}: {note or 'no verdict'}"
     if verdict.passed:
-        parts = ["passed"]
-        if verdict.speedup_vs_eager is not None:
-            parts.append(f"{verdict.speedup_vs_eager:.3g}x vs eager")
-        if verdict.speedup_vs_compile is not None:
-            parts.append(f"{verdict.speedup_vs_compile:.3g}x vs torch.compile")
-        if verdict.sol_fraction is not None:
-            parts.append(f"{verdict.sol_fraction:.0%} of speed of light")
-        outcome = ", ".join(parts)
+        outcome = "passed, " + measurements(verdict).rstrip(".")
     else:
         outcome = f"failed at {verdict.stage}: {verdict.failure}"
     seconds = " ".join(f"{step} {value:.1f}" for step, value in verdict.stage_s if value >= 0.05)
