@@ -1,8 +1,9 @@
 """The agent: one evolving kernel per task, through generate, repair and optimize stages.
 
 Per task (a coroutine; tasks run concurrently, model calls limited by a semaphore, evaluations
-handed to threads in front of the evaluation service, which builds on the CPU cores and queues the
-GPU work per GPU, so one candidate builds while another is measured):
+handed to threads in front of the executor: this machine's evaluation service, which builds on the
+CPU cores and queues the GPU work per GPU, so one candidate builds while another is measured, or one
+such service per GPU of a Ray cluster; evaluate/executor.py):
 
     generate ──► candidate ──► evaluate ──► passed? ──yes──► optimize rounds
         ▲                          │ no
@@ -25,7 +26,8 @@ Resume is replay. The state machine is deterministic given the model's replies a
 both are in the journal: a resumed run walks the same path from the start, taking each reply from the
 journal (keyed by request hash) and each verdict from it (keyed by candidate, task and evaluation
 settings), so no recorded model call and no finished evaluation is repeated. The budget is checked
-only before new spending.
+only before new spending. An evaluation the executor had to send again (its cluster node died) is
+journaled as `evaluate_retry`; it still gives one step.
 
 Exit statuses of a session (`Agent.run`, and the `cutegen optimize` / `cutegen resume` commands):
     0   every task finished (see the report for which found a correct kernel);
@@ -41,7 +43,6 @@ Exit statuses of a session (`Agent.run`, and the `cutegen optimize` / `cutegen r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,13 +57,12 @@ from cutegen.extract import BadReply, extract_candidate
 from cutegen.journal import Journal, eval_key, from_json
 from cutegen.knowledge import pitfalls_for
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
-from cutegen.records import Candidate, Reply, Request, Step, Task, TaskResult, Verdict, to_json
+from cutegen.records import Candidate, EvaluateRetry, Reply, Request, Step, Task, TaskResult, Verdict, to_json
 
 EXIT_DONE = 0
 EXIT_WAITING = 75
 EXIT_NEEDS_GPU = 76
 
-Evaluator = Callable[..., Verdict]  # (path, task, config, service, device_available=...) -> Verdict
 Profiler = Callable[[Path, Task, EvalConfig], "str | None"]
 Progress = Callable[[TaskResult, str], None]
 StepDone = Callable[[Step], None]
@@ -112,38 +112,35 @@ class Agent:
 
     def __init__(
         self, journal: Journal, provider: Provider, config: AgentConfig, eval_config: EvalConfig, *,
-        evaluate: Evaluator | None = None, profiler: Profiler | None = None,
-        gpu_available: Callable[[], bool] | None = None, service: Any = None, on_progress: Progress | None = None,
-        on_step: StepDone | None = None,
+        profiler: Profiler | None = None, gpu_available: Callable[[], bool] | None = None, executor: Any = None,
+        on_progress: Progress | None = None, on_step: StepDone | None = None,
     ) -> None:
         self.journal, self.provider, self.cfg, self.eval_config = journal, provider, config, eval_config
-        self.evaluate = evaluate or _evaluate_candidate
         self.profiler = profiler
-        self.gpu_available = gpu_available or (lambda: _has_gpu(eval_config))
-        self.service = service  # the evaluation service; None with the default evaluator: one per run
+        self.gpu_available = gpu_available or (lambda: self.executor.device_available())
+        # Where evaluations run (evaluate/executor.py); None: this machine's service, one per run.
+        self.executor = executor
         self.on_progress, self.on_step = on_progress, on_step
         self.states: dict[str, _TaskState] = {}
 
     async def run(self, tasks: list[Task]) -> int:
         """Advance every task as far as it can go; the exit status (module docstring)."""
         self._calls = asyncio.Semaphore(self.cfg.concurrency)
-        own = self.service is None and self.evaluate is _evaluate_candidate
+        own = self.executor is None
         if own:  # no process starts until the first evaluation that is not in the journal
-            from cutegen.evaluate.service import Evaluator
+            from cutegen.evaluate.executor import LocalExecutor
 
-            self.service = Evaluator.for_config(self.eval_config)
-        # Threads in front of the service: more than its GPU lanes, so that candidates build in its CPU
-        # pool while another holds a GPU.
-        lanes = len(self.eval_config.gpus) if self.eval_config.device == "cuda" else 1
-        builds = getattr(self.service, "build_jobs", 1)
-        self._threads = ThreadPoolExecutor(max_workers=max(1, min(len(tasks), lanes + builds)))
+            self.executor = LocalExecutor(self.eval_config)
+        # Threads in front of the executor: more than its GPU lanes, so that candidates build in its CPU
+        # pools while another holds a GPU.
+        self._threads = ThreadPoolExecutor(max_workers=max(1, min(len(tasks), self.executor.slots)))
         try:
             halts = await asyncio.gather(*(self._run_task(task) for task in tasks))
         finally:
             self._threads.shutdown(wait=True)
             if own:
-                self.service.close()
-                self.service = None
+                self.executor.close()
+                self.executor = None
         statuses = {halt.status for halt in halts}
         return EXIT_NEEDS_GPU if "needs_gpu" in statuses else EXIT_WAITING if "waiting" in statuses else EXIT_DONE
 
@@ -292,9 +289,13 @@ class Agent:
             # The `evaluate` record marks an evaluation as started: one without a later step is the one
             # a kill interrupted (and the only kind a resume runs again).
             self.journal.append("evaluate", task_id=task.task_id, eval_key=key, candidate_sha256=candidate.sha256)
+
+        def on_retry(retry: EvaluateRetry) -> None:
+            self.journal.append("evaluate_retry", eval_key=key, **to_json(retry))
+
         try:
-            return self.evaluate(self.journal.run_dir / path, task, self.eval_config, self.service,
-                                 device_available=available)
+            return self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
+                                          device_available=available, on_retry=on_retry)
         except NeedsDevice:
             return None
 
@@ -354,10 +355,8 @@ class Agent:
         return record["text"]
 
     def _profile_on_lane(self, path: Path, task: Task) -> str | None:
-        """The profiler holds a GPU lane of the service like an evaluation: nothing is timed beside it."""
-        lane = self.service.lane(task) if hasattr(self.service, "lane") else contextlib.nullcontext()
-        with lane:
-            return self.profiler(path, task, self.eval_config)
+        """The profiler holds a GPU lane of the executor like an evaluation: nothing is timed beside it."""
+        return self.executor.profile(self.profiler, path, task, self.eval_config)
 
     # ------------------------------------------------------------------------------ state
 
@@ -422,18 +421,3 @@ def _round_summary(round_number: int, result: _Result | None) -> str:
     measured = prompt.measurements(result.verdict).rstrip(".")
     verdict = "new best" if result.improved else "correct but not faster than the best (discarded)"
     return f"round {round_number}: {verdict}; {measured}"
-
-
-def _has_gpu(config: EvalConfig) -> bool:
-    if config.device != "cuda":
-        return True
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def _evaluate_candidate(path: Path, task: Task, config: EvalConfig, service: Any, *,
-                        device_available: bool = True) -> Verdict:
-    from cutegen.evaluate.pipeline import evaluate_candidate
-
-    return evaluate_candidate(path, task, config, service, device_available=device_available)

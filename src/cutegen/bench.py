@@ -519,19 +519,21 @@ EvaluateProgress = Callable[[BenchTaskResult, int, int, "Verdict | None"], None]
 
 
 def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalConfig, *,
-                   on_result: EvaluateProgress | None = None, build_jobs: int | None = None) -> list[BenchTaskResult]:
+                   on_result: EvaluateProgress | None = None, build_jobs: int | None = None,
+                   executor: Any = None) -> list[BenchTaskResult]:
     """Judge every candidate file in `folder` against its task with `evaluate_candidate` and return a
     result per (task, sample) plus a "missing" result per task without a file. Resumable:
     verdicts.jsonl keeps what is finished.
 
-    One evaluation service for the suite (evaluate/service.py): candidates build in its CPU pool
-    (`build_jobs` at once; default: the cores the GPU lanes leave) while others are measured, one at a
-    time per GPU (config.gpus); a task's reference work is done once and serves all its samples.
-    Candidates are taken task by task, so a task's samples follow each other on a lane. Writes
-    throughput.json: this session's evaluations per minute and where their seconds went
-    (`throughput_summary`).
+    One executor for the suite (evaluate/executor.py; None: this machine's evaluation service, made
+    and closed here): candidates build in its CPU pool (`build_jobs` at once; default: the cores the
+    GPU lanes leave) while others are measured, one at a time per GPU (config.gpus, or one per actor
+    of a Ray executor); a task's reference work is done once per GPU and serves all its samples there.
+    Candidates are taken task by task, so a task's samples follow each other on a lane. Only this
+    process writes verdicts.jsonl. Writes throughput.json: this session's evaluations per minute,
+    where their seconds went and how many were sent again (`throughput_summary`).
     """
-    from cutegen.evaluate.service import Evaluator
+    from cutegen.evaluate.executor import LocalExecutor
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -552,26 +554,24 @@ def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalC
     if not todo:
         return _collect(tasks, jobs, log)
     started = time.perf_counter()
-    with Evaluator.for_config(config, build_jobs=build_jobs) as service:
-        config = service.with_arch(config)
-        lanes = len(service.lanes)
-        with ThreadPoolExecutor(max_workers=lanes + service.build_jobs) as executor:
-            futures = {executor.submit(_judge, job, out_dir, config, service, log): job for job in todo}
-            try:
-                for future in as_completed(futures):
-                    judged(future.result(), futures[future])
-            except BaseException:  # a broken toolchain or an interrupt: start nothing more
-                for future in futures:
-                    future.cancel()
-                raise
+    own = executor is None
+    executor = LocalExecutor(config, build_jobs=build_jobs) if own else executor
+    retried = len(executor.retries)  # a caller's executor may have served other runs
+    try:
+        _judge_all(todo, out_dir, config, executor, log, judged)
+    finally:
+        if own:
+            executor.close()
     verdicts = [log.done[job.key].get("verdict") for job in todo]
     summary = throughput_summary([v for v in verdicts if v is not None], time.perf_counter() - started,
-                                 lanes=lanes, build_jobs=service.build_jobs)
+                                 lanes=executor.lanes, build_jobs=executor.build_jobs,
+                                 retries=len(executor.retries) - retried)
     _write_json(out_dir / THROUGHPUT, summary)
     return _collect(tasks, jobs, log)
 
 
-def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, build_jobs: int) -> dict[str, Any]:
+def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, build_jobs: int,
+                       retries: int = 0) -> dict[str, Any]:
     """How fast a set of evaluations went, from the verdicts' own records (Verdict.gpu_s: seconds a
     GPU lane was held; Verdict.stage_s: where they went).
 
@@ -581,7 +581,9 @@ def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, bu
       ready (no reference step): the median and 90th percentile of their GPU seconds;
     - `first`: a task's first evaluation on a lane (its reference process started, its baselines
       looked up or measured): the median of its GPU seconds and of the reference and baselines steps;
-    - `stage_median_s`: the median seconds of each step over the evaluations that ran it.
+    - `stage_median_s`: the median seconds of each step over the evaluations that ran it;
+    - `retries`: evaluations sent again because the process or node running them died (a Ray
+      executor's; each still gave one verdict).
     """
     def median(values: list[float]) -> float | None:
         return round(statistics.median(values), 3) if values else None
@@ -609,14 +611,27 @@ def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, bu
                   "median_reference_s": median([dict(v.stage_s).get("reference", 0.0) for v in first]),
                   "median_baselines_s": median([dict(v.stage_s).get("baselines", 0.0) for v in first])},
         "stage_median_s": {n: median([st[n] for st in steps if n in st]) for n in names},
+        "retries": retries,
     }
 
 
-def _judge(job: _Job, out_dir: Path, config: EvalConfig, service: Any, log: _VerdictLog) -> dict:
-    from cutegen.evaluate.pipeline import evaluate_candidate
+def _judge_all(todo: list[_Job], out_dir: Path, config: EvalConfig, executor: Any, log: _VerdictLog,
+               judged: Callable[[dict, _Job], None]) -> None:
+    """Every job through the executor, as many at once as it has slots; `judged` as each ends."""
+    with ThreadPoolExecutor(max_workers=executor.slots) as threads:
+        futures = {threads.submit(_judge, job, out_dir, config, executor, log): job for job in todo}
+        try:
+            for future in as_completed(futures):
+                judged(future.result(), futures[future])
+        except BaseException:  # a broken toolchain or an interrupt: start nothing more
+            for future in futures:
+                future.cancel()
+            raise
 
+
+def _judge(job: _Job, out_dir: Path, config: EvalConfig, executor: Any, log: _VerdictLog) -> dict:
     try:
-        verdict = evaluate_candidate(out_dir / job.copy_path, job.task, config, service)
+        verdict = executor.evaluate(out_dir / job.copy_path, job.task, config)
     except TaskError as err:  # the reference is broken: the task's problem, not the candidate's
         return log.add(job, None, err.problem)
     return log.add(job, verdict, None)

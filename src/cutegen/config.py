@@ -216,6 +216,61 @@ class EvalConfig:
         return (base if self.atol is None else self.atol, base if self.rtol is None else self.rtol)
 
 
+# ------------------------------------------------------------------------------------------ executors
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Where evaluations run (evaluate/executor.py). Machine-local, like the GPU list: not part of an
+    evaluation's settings (journal.eval_key), so a run may resume under another executor.
+
+    `kind`: "local" (this machine's evaluation service) or "ray" (one actor per GPU of a Ray cluster).
+    `address`: the cluster to join (None: Ray's default, a cluster started on this machine with
+    `ray start`, else a new local one). `resource`: the Ray resource one actor takes, one unit each
+    (None: "GPU" for device cuda, "CPU" for device cpu; a custom resource lets a CPU cluster stand in
+    for GPUs, as the tests do). `actors`: at most this many (None: one per free unit of `resource`).
+    `max_retries`: how many times an evaluation lost with its actor (a node or process that died) is
+    sent again before the run stops with ClusterError. `actor_evaluations`: evaluations one actor
+    takes at once (they build in its CPU pool; one at a time holds its GPU). `cpus_per_actor`: CPUs
+    an actor reserves from Ray. `start_timeout_s`: how long to wait for a free unit and for actors
+    to start.
+    """
+
+    kind: str = "local"
+    address: str | None = None
+    resource: str | None = None
+    actors: int | None = None
+    max_retries: int = 2
+    actor_evaluations: int = 4
+    cpus_per_actor: float = 1.0
+    start_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        from cutegen.errors import ConfigError
+
+        if self.kind not in EXECUTORS:
+            raise ConfigError(f"Executor {self.kind!r} is not one of {', '.join(EXECUTORS)}.",
+                              "Pass --executor local, or --executor ray[:ADDRESS] for a Ray cluster.")
+        if self.max_retries < 0 or self.actor_evaluations < 1 or (self.actors is not None and self.actors < 1):
+            raise ConfigError(f"Executor settings out of range (max_retries={self.max_retries}, actors={self.actors},"
+                              f" actor_evaluations={self.actor_evaluations}).",
+                              "Use max_retries >= 0, actors >= 1 (or None) and actor_evaluations >= 1.")
+
+
+def parse_executor(spec: str, resource: str | None = None) -> ExecutorConfig:
+    """`local`, `ray` or `ray:ADDRESS` (e.g. ray:10.0.0.5:6379) as an ExecutorConfig."""
+    from cutegen.errors import ConfigError
+
+    kind, _, address = spec.strip().partition(":")
+    if kind not in EXECUTORS or (kind == "local" and address):
+        raise ConfigError(f"Executor {spec!r} is not understood.",
+                          "Pass --executor local (this machine) or --executor ray[:ADDRESS] (a Ray cluster,"
+                          " e.g. ray:10.0.0.5:6379).")
+    return ExecutorConfig(kind=kind, address=address or None, resource=resource)
+
+
 # -------------------------------------------------------------------------------------------- profile
 
 

@@ -29,6 +29,11 @@ class ToolchainError(CutegenError):
     """nvcc, the CUTLASS headers or a GPU the build needs is missing or unusable."""
 
 
+class ClusterError(CutegenError):
+    """The cluster that runs evaluations (an executor's) cannot take or finish them: no free GPU, or an
+    evaluation lost with its node more times than the retries allow."""
+
+
 class BuildError(CutegenError):
     """nvcc rejected a source; `distilled` holds the first errors, short enough for a model."""
 

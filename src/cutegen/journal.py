@@ -15,7 +15,8 @@ copied to another machine and resumed there):
 
 Record kinds: `run` (first line: settings and tasks), `session` (each start or resume), `reply`
 (a model call returned: written before its candidate is evaluated, so a kill never repeats a paid
-call), `evaluate` (an evaluation started), `step` (a `records.Step`: call, candidate or bad reply,
+call), `evaluate` (an evaluation started), `evaluate_retry` (an executor sent it again: the process
+or cluster node running it died; records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply,
 verdict), `profile` (profiler text of a kernel), `task_end` (why a task stopped), `exit` (a session
 ended, with its status).
 

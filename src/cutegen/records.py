@@ -186,6 +186,18 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class EvaluateRetry:
+    """An evaluation sent again because the process or node running it died (executor.py); the
+    driver journals it (`evaluate_retry`) beside the evaluation's one step."""
+
+    task_id: str
+    candidate_sha256: str
+    attempt: int  # 1 for the first retry
+    reason: str  # what the executor was told (e.g. Ray's actor error)
+    where: str  # the node and process that was lost
+
+
+@dataclass(frozen=True)
 class Baselines:
     """Eager PyTorch and torch.compile times of a task's reference, by the candidates' protocol."""
 

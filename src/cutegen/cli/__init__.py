@@ -60,5 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         if done.code not in (0, None):  # success returns, so in-process callers can go on
             raise
     except CutegenError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        from rich.markup import escape  # the message is text: "cutegen[ray]" is no style tag
+
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)

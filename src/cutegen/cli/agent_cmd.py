@@ -9,10 +9,11 @@ named, then `cutegen resume RUN`), 76 needs a GPU (copy the run directory to a C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import platform
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import typer
 from rich.console import Console
@@ -58,6 +59,8 @@ def optimize_command(
     compile_baseline: opt.CompileBaseline = True,
     max_tokens: opt.MaxTokens = 16384,
     concurrency: opt.Concurrency = 4,
+    executor: opt.ExecutorSpec = "local",
+    ray_resource: opt.RayResource = None,
     runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run directory (default: time + random)."),
 ) -> None:
@@ -74,6 +77,7 @@ def optimize_command(
     eval_config = _local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                      timing_trials=timing_trials, compile_baseline=compile_baseline)
     _check_unique(loaded)
+    where = executor_config(executor, ray_resource)
     _provider(model, None)  # a missing key or file fails here, before the run directory exists
     run_dir = runs_dir / (run_id or new_run_id())
     spec = _provider_spec_for_run(model)
@@ -81,7 +85,7 @@ def optimize_command(
     _copy_replay_file(model, run_dir)
     start_run(journal, loaded, spec, agent_config, eval_config)
     console.print(f"run directory: {run_dir}")
-    _execute(journal, agent_config, eval_config)
+    _execute(journal, agent_config, eval_config, where)
 
 
 @app.command("resume", help="Continue a run from its journal: recorded replies and finished evaluations are"
@@ -89,6 +93,8 @@ def optimize_command(
 def resume_command(
     run: Path = typer.Argument(..., help="The run directory (runs/<id>)."),
     concurrency: opt.Concurrency = None,
+    executor: opt.ExecutorSpec = "local",
+    ray_resource: opt.RayResource = None,
 ) -> None:
     from cutegen.config import AgentConfig
     from cutegen.journal import Journal, from_json, load_run
@@ -99,7 +105,7 @@ def resume_command(
     if concurrency:
         agent_config = from_json(AgentConfig, {**setup.agent, "concurrency": concurrency})
     eval_config = _local_eval_config(**setup.evaluation)
-    _execute(journal, agent_config, eval_config)
+    _execute(journal, agent_config, eval_config, executor_config(executor, ray_resource))
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -114,6 +120,32 @@ def _local_eval_config(**fields) -> EvalConfig:
 
     local = EvalConfig(backend="torch", device="cpu", cache_dir=env.cache_root() / "eval", runtime=env.runtime_config())
     return from_json(EvalConfig, {**to_json(local), **fields})
+
+
+def executor_config(spec: str, resource: str | None):
+    """--executor and --ray-resource as an ExecutorConfig, checked before anything starts (ray installed)."""
+    from cutegen.config import parse_executor
+
+    config = parse_executor(spec, resource)
+    if config.kind == "ray":
+        from cutegen.evaluate.ray_executor import import_ray
+
+        import_ray()
+    return config
+
+
+@contextlib.contextmanager
+def running_executor(config, eval_config, build_jobs: int | None = None) -> Iterator:
+    """The executor for a session (a Ray executor joins its cluster and starts its actors here)."""
+    from cutegen.evaluate.executor import make_executor
+
+    executor = make_executor(config, eval_config, build_jobs=build_jobs)
+    if config.kind == "ray":
+        console.print(f"evaluations on Ray: {executor.lanes} actor(s) of resource {executor.resource}")
+    try:
+        yield executor
+    finally:
+        executor.close()
 
 
 def _provider_spec_for_run(model: str) -> str:
@@ -151,7 +183,7 @@ def _check_unique(tasks) -> None:
         seen.add(task.task_id)
 
 
-def _execute(journal, agent_config, eval_config) -> None:
+def _execute(journal, agent_config, eval_config, executor_settings) -> None:
     from cutegen.agent import EXIT_NEEDS_GPU, EXIT_WAITING, Agent
     from cutegen.journal import load_run, write_outputs
 
@@ -161,14 +193,16 @@ def _execute(journal, agent_config, eval_config) -> None:
 
     rows: dict[str, tuple] = {t.task_id: (None, "queued") for t in setup.tasks}
     logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
-    with Live(_table(rows), console=console, refresh_per_second=4, transient=False, auto_refresh=not logging) as live:
+    with running_executor(executor_settings, eval_config) as executor, \
+            Live(_table(rows), console=console, refresh_per_second=4, transient=False,
+                 auto_refresh=not logging) as live:
         def on_progress(result, activity: str) -> None:
             rows[result.task_id] = (result, activity)
             if not logging:
                 live.update(_table(rows))
 
         agent = Agent(journal, provider, agent_config, eval_config, profiler=_profiler(agent_config, eval_config),
-                      on_progress=on_progress, on_step=step_printer() if logging else None)
+                      executor=executor, on_progress=on_progress, on_step=step_printer() if logging else None)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
     results = [agent.result(t.task_id) for t in setup.tasks]

@@ -62,10 +62,13 @@ def bench_command(
     build_jobs: int = typer.Option(None, "--build-jobs", "--prebuild-jobs", help="Candidate builds at once on the"
                                    " CPU cores, beside the GPU evaluations (default: the cores the GPU lanes"
                                    " leave)."),
+    executor: opt.ExecutorSpec = "local",
+    ray_resource: opt.RayResource = None,
     runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Run directory name; an existing one is resumed."),
     html: bool = typer.Option(True, "--report/--no-report", help="Write bench-report.md/.html at the end."),
 ) -> None:
+    from cutegen.cli.agent_cmd import executor_config
     from cutegen.config import AgentConfig, Budget
     from cutegen.errors import ConfigError
     from cutegen.tasks import load_tasks
@@ -75,20 +78,23 @@ def bench_command(
                           " --evaluate DIR (judge existing candidate files).",
                           "Add --model PROVIDER:MODEL, or --evaluate with the folder of ModelNew files.")
     tasks = load_tasks(suite, select)
+    where = executor_config(executor, ray_resource)
     eval_config = _eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                timing_trials=timing_trials, compile_baseline=compile_baseline,
                                gpus=_gpu_list(gpus, device))
     if evaluate is not None:
         if build_jobs is not None and build_jobs < 1:
             raise ConfigError(f"--build-jobs {build_jobs} is below 1.", "Give --build-jobs 1 or more.")
-        status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id, build_jobs)
+        status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id, build_jobs,
+                                          where)
     else:
         budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
                         wall_s=budget_wall_s)
         agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                    profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
                                    concurrency=concurrency, budget=budget)
-        status, run_dir = _bench_agent(suite, select, tasks, model, agent_config, eval_config, runs_dir, run_id)
+        status, run_dir = _bench_agent(suite, select, tasks, model, agent_config, eval_config, runs_dir, run_id,
+                                       where)
     if html:
         _write_report(run_dir)
     sys.exit(status)  # sys.exit, not typer.Exit: click returns an Exit's code outside standalone mode
@@ -98,7 +104,7 @@ def bench_command(
 
 
 def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent_config: Any, eval_config: Any,
-                 runs_dir: Path, run_id: str | None) -> tuple[int, Path]:
+                 runs_dir: Path, run_id: str | None, where: Any) -> tuple[int, Path]:
     from cutegen import bench
     from cutegen.cli.agent_cmd import _check_unique, _copy_replay_file, _provider, _provider_spec_for_run
     from cutegen.journal import JOURNAL, Journal, from_json, load_run, new_run_id, start_run
@@ -121,7 +127,7 @@ def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent
         bench.write_meta(run_dir, kind="agent", suite=suite, select=select, tasks=tasks, config=eval_config)
         console.print(f"run directory: {run_dir}")
     bench.add_session(run_dir, machine_manifest(eval_config.runtime))
-    status = _run_agent(journal, agent_config, eval_config)
+    status = _run_agent(journal, agent_config, eval_config, where)
     setup = load_run(journal)
     bench.write_results(run_dir, bench.agent_results(run_dir), kind="agent", model=setup.model,
                         recorded=bench.load_run(run_dir).recorded, agent=setup.agent, evaluation=setup.evaluation)
@@ -138,11 +144,11 @@ def _check_same_tasks(run_dir: Path, recorded: tuple, selected: list) -> None:
                           " or pick a new --run-id.")
 
 
-def _run_agent(journal: Any, agent_config: Any, eval_config: Any) -> int:
+def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any) -> int:
     """The agent over every task of the run (as `cutegen optimize`), with suite-wide progress."""
     from cutegen import bench
     from cutegen.agent import Agent
-    from cutegen.cli.agent_cmd import _provider
+    from cutegen.cli.agent_cmd import _provider, running_executor
     from cutegen.journal import load_run, write_outputs
 
     setup = load_run(journal)
@@ -150,14 +156,15 @@ def _run_agent(journal: Any, agent_config: Any, eval_config: Any) -> int:
     ids = [t.task_id for t in setup.tasks]
     progress = bench.SuiteProgress(ids, already_done=[i for i in ids if journal.task_end(i) is not None])
     logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
-    with Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False,
-              auto_refresh=not logging) as live:
+    with running_executor(where, eval_config) as executor, \
+            Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False,
+                 auto_refresh=not logging) as live:
         def on_progress(result: Any, activity: str) -> None:
             progress.update(result, activity)
             if not logging:
                 live.update(_progress_table(progress))
 
-        agent = Agent(journal, provider, agent_config, eval_config, on_progress=on_progress,
+        agent = Agent(journal, provider, agent_config, eval_config, executor=executor, on_progress=on_progress,
                       on_step=step_printer() if logging else None)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
@@ -206,10 +213,11 @@ def _duration(seconds: float) -> str:
 
 
 def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, config: Any, runs_dir: Path,
-                    run_id: str | None, build_jobs: int | None) -> tuple[int, Path]:
+                    run_id: str | None, build_jobs: int | None, where: Any) -> tuple[int, Path]:
     from rich.progress import Progress
 
     from cutegen import bench
+    from cutegen.cli.agent_cmd import running_executor
     from cutegen.journal import eval_fingerprint, new_run_id
     from cutegen.manifest import machine_manifest
 
@@ -223,7 +231,8 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
     console.print(f"{len(found)} candidate file(s) for {len({k[0] for k in found})} of {len(tasks)} task(s); results in {out}")
     bench.add_session(out, machine_manifest(config.runtime))
     logging = not sys.stdout.isatty()  # a log gets one line per verdict; a terminal a progress bar
-    with Progress(console=console, transient=True, disable=logging) as bar:
+    with running_executor(where, config, build_jobs) as executor, \
+            Progress(console=console, transient=True, disable=logging) as bar:
         job = bar.add_task("judging", total=len(found))
 
         def on_result(result: Any, finished: int, total: int, verdict: Any = None) -> None:
@@ -233,7 +242,7 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
                 typer.echo(f"[{finished}/{total}] " + bench.step_line(result.task_id, f"sample {result.sample_id}",
                                                                      verdict, result.failure))
 
-        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, build_jobs=build_jobs)
+        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, executor=executor)
     bench.write_results(out, results, kind="evaluate", evaluation=eval_fingerprint(config))
     _print_summary(out)
     _print_throughput(out)
@@ -253,7 +262,8 @@ def _print_throughput(out: Path) -> None:
     typer.echo(f"throughput: {data['evaluations']} evaluations in {data['wall_s']:.0f} s ="
                f" {data['per_gpu_minute']} per GPU-minute (builds included); GPU s per evaluation of a built"
                f" candidate: median {built['median_gpu_s']}, p90 {built['p90_gpu_s']}; a task's first:"
-               f" median {first['median_gpu_s']} ({path})")
+               f" median {first['median_gpu_s']}" + (f"; {data['retries']} sent again after their node or process died"
+                                                    if data.get("retries") else "") + f" ({path})")
 
 
 # ------------------------------------------------------------------------------ shared helpers

@@ -43,6 +43,13 @@ TimingTrials = Annotated[int, typer.Option("--timing-trials", help="Timed calls 
 CompileBaseline = Annotated[bool, typer.Option("--compile-baseline/--no-compile-baseline",
                                                help="Also time torch.compile as a baseline.")]
 
+# ------------------------------------------------------------------------------ where evaluations run
+
+ExecutorSpec = Annotated[str, typer.Option("--executor", help="local (this machine's GPUs) or ray[:ADDRESS] (a Ray"
+                                           " cluster, one GPU per evaluation; pip install cutegen[ray]).")]
+RayResource = Annotated[str, typer.Option("--ray-resource", help="With --executor ray: the resource one evaluation"
+                                          " actor takes (default GPU; CPU with --device cpu).")]
+
 # ------------------------------------------------------------------------------ run directories
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are made.")]

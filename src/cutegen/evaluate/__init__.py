@@ -6,8 +6,10 @@ the candidate in a fresh worker process (runner.py), its outputs compared in the
 process (reference.py), which computes a task's trial inputs, reference outputs, float64 results and
 trivial-solution probe once per run and GPU and serves every candidate of the task. Processes and
 their protocol: worker.py (processes), protocol.py (commands), context.py (what a job sets up),
-transfer.py (outputs between them), jobs.py (what each job is told). The judging of each stage:
-checks_static, correctness, compare, anticheat/checks_dynamic, timing, baselines, sol, probe;
+transfer.py (outputs between them), jobs.py (what each job is told). Executors hand whole
+evaluations to this machine's service (executor.py) or to one service per GPU of a Ray cluster
+(ray_executor.py). The judging of each stage: checks_static, correctness, compare,
+anticheat/checks_dynamic, timing, baselines, sol, probe;
 verdict.py assembles the Verdict.
 
 Threat analysis of the per-task reference process (EVALUATION.md's guarantees, as it keeps them):

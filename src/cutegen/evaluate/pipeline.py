@@ -2,11 +2,13 @@
 (The kernel audit, an anticheat check, runs in the worker after the timed calls and is judged before
 them.)
 
-`evaluate_candidate` is the one entry point (the CLI, the agent and the benchmarks call it). Static
-checks read the source in this process (AST only, nothing runs); the build runs in the service's CPU
-build pool; everything else runs on a lane of the service (service.py): the candidate in a fresh
-worker (runner.py), its outputs compared in the task's reference process (reference.py). Both
-reply with measurements that this module turns into checks.
+`evaluate_candidate` is the one entry point (the CLI, the agent and the benchmarks call it, through an
+executor: executor.py runs it on this machine's service, ray_executor.py on a Ray cluster's nodes,
+where `evaluate_source` takes the candidate's text). Static checks read the source in this process
+(AST only, nothing runs); the build runs in the service's CPU build pool; everything else runs on a
+lane of the service (service.py): the candidate in a fresh worker (runner.py), its outputs compared
+in the task's reference process (reference.py). Both reply with measurements that this module turns
+into checks.
 """
 
 from __future__ import annotations
@@ -50,10 +52,16 @@ def evaluate_candidate(candidate_path: Path, task: Task, config: EvalConfig, ser
     and closed after it. With `device_available` False (split execution) the static checks and the
     build run here and a candidate that passes them raises NeedsDevice instead of a verdict.
     """
+    return evaluate_source(read_candidate(candidate_path), task, config, service, device_available=device_available)
+
+
+def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | None = None, *,
+                    device_available: bool = True) -> Verdict:
+    """`evaluate_candidate` on the candidate's source text (an executor on another machine receives
+    the source by value: the driver's file is not there)."""
     from cutegen.evaluate.service import Evaluator
     from cutegen.tasks import source_sha256
 
-    source = read_candidate(candidate_path)
     run = VerdictBuilder(task.task_id, source_sha256(source), config)
     own = service is None
     try:
