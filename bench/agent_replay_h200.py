@@ -1,6 +1,7 @@
 """Run the agent workflow on a GPU with RECORDED replies holding real CuTe kernels, and check it.
 
-    python3 bench/agent_replay_h200.py --out DIR [--run-dir RUN] [--timing-trials N] [--cpu-dry-run]
+    python3 bench/agent_replay_h200.py --out DIR [--backend cute|cuda] [--run-dir RUN] [--timing-trials N]
+                                       [--cpu-dry-run]
 
 The model is replaced by examples/replays/swish_scale_cute.jsonl (hand-written replies, labelled as
 recorded everywhere): for examples/tasks/swish_scale.py it answers with
@@ -8,7 +9,10 @@ recorded everywhere): for examples/tasks/swish_scale.py it answers with
   2. its fix, correct but with uncoalesced accesses (16 consecutive elements per thread),
   3. a coalesced scalar kernel (optimization round 1),
   4. a vectorized kernel, 128-bit float4 accesses (optimization round 2).
-The agent runs with backend cute, device cuda, precision track fp32, 2 rounds, 1 repair, profiling
+With `--backend cuda` the replies are examples/replays/swish_scale_cuda.jsonl instead, the same
+workflow in plain CUDA (no CuTe): a launch that does not compile (the most vexing parse of a dim3),
+its fix, 128-bit vectors, then several vectors in flight per thread; judged under the cuda backend.
+The agent runs with that backend, device cuda, precision track fp32, 2 rounds, 1 repair, profiling
 delayed:1, through the real evaluator (nvcc builds, correctness, anti-cheat, timing against eager and
 torch.compile). Then a second session resumes the finished run and must make no model call and no
 evaluation. What this measures is the workflow and the evaluator on real kernels, not a model.
@@ -39,7 +43,10 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
     sys.path.insert(0, str(REPO / "src"))
 
 TASK = REPO / "examples" / "tasks" / "swish_scale.py"
-REPLAY = REPO / "examples" / "replays" / "swish_scale_cute.jsonl"
+REPLAYS = {"cute": REPO / "examples" / "replays" / "swish_scale_cute.jsonl",
+           "cuda": REPO / "examples" / "replays" / "swish_scale_cuda.jsonl"}
+# What the first reply's compile error must say, per backend.
+FIRST_ERRORS = {"cute": "sigmoidf", "cuda": 'from "dim3 (unsigned int, unsigned int)" to "dim3"'}
 DRY_RUN_REPLAY = REPO / "examples" / "replays" / "swish_scale_torch.jsonl"
 EXPECTED_STAGES = ["generate", "repair_build", "optimize", "optimize"]
 
@@ -49,6 +56,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, default=None, help="default: a fresh temporary folder")
     parser.add_argument("--timing-trials", type=int, default=100)
+    parser.add_argument("--backend", choices=sorted(REPLAYS), default="cute",
+                        help="cute: the CuTe replies; cuda: the plain-CUDA ones")
     parser.add_argument("--cpu-dry-run", action="store_true", help="torch backend on the CPU (tests this script)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -86,13 +95,13 @@ def _run(args: argparse.Namespace, run_dir: Path, result: dict[str, Any]) -> int
         eval_config = EvalConfig(backend="torch", device="cpu", timing_trials=args.timing_trials,
                                  compile_baseline=False, cache_dir=cache / "eval", runtime=runtime)
     else:
-        eval_config = EvalConfig(backend="cute", device="cuda", track="fp32", timing_trials=args.timing_trials,
+        eval_config = EvalConfig(backend=args.backend, device="cuda", track="fp32", timing_trials=args.timing_trials,
                                  cache_dir=cache / "eval", runtime=runtime)
     result["evaluation"] = {"backend": eval_config.backend, "device": eval_config.device, "track": eval_config.track,
                             "timing_trials": eval_config.timing_trials}
     agent_config = AgentConfig(rounds=2, repairs=1, generations=1, patience=3, profiling="delayed:1")
     journal = Journal.create(run_dir)
-    shutil.copyfile(DRY_RUN_REPLAY if args.cpu_dry_run else REPLAY, run_dir / "replay.jsonl")
+    shutil.copyfile(DRY_RUN_REPLAY if args.cpu_dry_run else REPLAYS[args.backend], run_dir / "replay.jsonl")
     start_run(journal, [load_task(TASK)], "replay:replay.jsonl", agent_config, eval_config)
     provider = provider_from_spec("replay:replay.jsonl", ProviderSettings(state_dir=run_dir))
 
@@ -106,7 +115,7 @@ def _run(args: argparse.Namespace, run_dir: Path, result: dict[str, Any]) -> int
     journal.append("exit", status=status, pending=[])
     result["exit_status"] = status
     _summarise(journal, results, result)
-    _check_run(journal, result, "swish" if args.cpu_dry_run else "sigmoidf")
+    _check_run(journal, result, "swish" if args.cpu_dry_run else FIRST_ERRORS[args.backend])
     _check_resume(journal, provider, agent_config, eval_config, result)
     return 0 if all(c["passed"] for c in result["checks"]) else 1
 

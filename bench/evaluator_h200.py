@@ -4,11 +4,11 @@ fidelity and throughput.
     python3 bench/evaluator_h200.py --out DIR [--sections cheats,honest,faults,fidelity,throughput]
 
 Sections (each bounded; results are written after every section, so a run cut short keeps what it did):
-- cheats: every tests/fixtures/cheats/*.py (headers `# caught-by:`, `# task:`, `# backend:`) through
-  evaluate_candidate on CUDA: expected check, actual failure, OK / NOT-OK. "OK (earlier: X)" means
-  another check rejected it first.
-- honest: tests/fixtures/honest/*.py and examples/candidates/*.py must pass (the CuTe ones timed,
-  against eager and torch.compile).
+- cheats: every tests/fixtures/cheats/*.py (headers `# caught-by:`, `# task:`, `# backends:`) through
+  evaluate_candidate on CUDA under each backend it applies to: expected check, actual failure, OK /
+  NOT-OK. "OK (earlier: X)" means another check rejected it first.
+- honest: tests/fixtures/honest/*.py and examples/candidates/*.py must pass under each of their
+  backends (the cute and cuda ones timed, against eager and torch.compile).
 - faults: tests/fixtures/faults/*.py for CUDA (kernel that never ends, illegal address, host segfault,
   device OOM, build that hangs): the failure named, and the next evaluation (in a fresh worker) passes.
 - fidelity: examples/candidates/swish_scale_cute.py on 16384x4096 and 65536x4096 inputs, timed 5 times
@@ -51,7 +51,7 @@ from cutegen.evaluate.service import Evaluator  # noqa: E402
 from cutegen.tasks import load_task  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests"))  # the fixtures' header rules, shared with the tests
-from fixture_headers import header, task_path  # noqa: E402
+from fixture_headers import backends, header, task_path  # noqa: E402
 
 TASKS = REPO / "examples" / "tasks"
 FIXTURES = REPO / "tests" / "fixtures"
@@ -65,7 +65,7 @@ def task_for(name: str) -> Any:
     return load_task(TASKS / f"{name}.py")
 
 
-def judge_row(path: Path, verdict: Any, expected: str | None, started: float) -> dict[str, Any]:
+def judge_row(path: Path, verdict: Any, expected: str | None, started: float, backend: str) -> dict[str, Any]:
     failed = {c.name for c in verdict.checks if not c.passed} | {
         f.check for c in verdict.checks if not c.passed for f in c.findings}
     if expected is None:
@@ -76,7 +76,8 @@ def judge_row(path: Path, verdict: Any, expected: str | None, started: float) ->
         status = "OK"
     else:
         status = f"OK (earlier: {verdict.failure})"
-    return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": verdict.failure,
+    return {"fixture": str(path.relative_to(REPO)), "backend": backend, "expected": expected or "pass",
+            "failure": verdict.failure,
             "stage": verdict.stage, "status": status, "s": round(time.perf_counter() - started, 2),
             "feedback": verdict.feedback[:400], "speedup_vs_eager": verdict.speedup_vs_eager,
             "speedup_vs_compile": verdict.speedup_vs_compile, "sol_fraction": verdict.sol_fraction,
@@ -85,16 +86,15 @@ def judge_row(path: Path, verdict: Any, expected: str | None, started: float) ->
 
 
 def run_one(path: Path, config: EvalConfig, service: Evaluator, expected: str | None) -> dict[str, Any]:
-    info = header(path)
+    """One evaluation under `config.backend` (the caller picks it from the fixture's backends)."""
     started = time.perf_counter()
-    backend = info.get("backend", "cute")
     try:
         task = load_task(task_path(path, REPO))
-        verdict = evaluate_candidate(path, task, replace(config, backend=backend), service)
+        verdict = evaluate_candidate(path, task, config, service)
     except Exception as err:  # noqa: BLE001 - a bench row, not a crash of the whole run
-        return {"fixture": str(path.relative_to(REPO)), "expected": expected or "pass", "failure": None,
-                "status": "ERROR", "error": f"{type(err).__name__}: {err}"[:800]}
-    return judge_row(path, verdict, expected, started)
+        return {"fixture": str(path.relative_to(REPO)), "backend": config.backend, "expected": expected or "pass",
+                "failure": None, "status": "ERROR", "error": f"{type(err).__name__}: {err}"[:800]}
+    return judge_row(path, verdict, expected, started, config.backend)
 
 
 def run_many(jobs: list[tuple[Path, EvalConfig, str | None]], service: Evaluator) -> list[dict[str, Any]]:
@@ -107,16 +107,16 @@ def run_many(jobs: list[tuple[Path, EvalConfig, str | None]], service: Evaluator
 
 def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
     config = replace(ctx["config"], do_timing=False)
-    rows = run_many([(p, config, header(p).get("caught-by")) for p in sorted((FIXTURES / "cheats").glob("*.py"))],
-                    ctx["service"])
+    rows = run_many([(p, replace(config, backend=backend), header(p).get("caught-by"))
+                     for p in sorted((FIXTURES / "cheats").glob("*.py")) for backend in backends(p)], ctx["service"])
     return {"rows": rows, "ok": sum(r["status"].startswith("OK") for r in rows), "total": len(rows)}
 
 
 def section_honest(ctx: dict[str, Any]) -> dict[str, Any]:
     timed = replace(ctx["config"], timing_trials=30)
     paths = sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py"))
-    rows = run_many([(p, timed if header(p).get("backend", "cute") == "cute" else replace(timed, do_timing=False),
-                      None) for p in paths], ctx["service"])
+    rows = run_many([(p, replace(timed, backend=backend, do_timing=backend != "torch"), None)
+                     for p in paths for backend in backends(p)], ctx["service"])
     return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
 
 
@@ -127,7 +127,7 @@ def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
         info = header(path)
         if info.get("device") not in ("cuda", "any"):
             continue
-        row = run_one(path, replace(config, backend=info.get("backend", "cute")), ctx["service"], info["fault"])
+        row = run_one(path, replace(config, backend=backends(path)[0]), ctx["service"], info["fault"])
         after = run_one(SWISH_CUTE, config, ctx["service"], None)
         row["next_evaluation"] = after["status"]
         row["status"] = "OK" if row["status"] == "OK" and after["status"] == "OK" else "NOT-OK"
@@ -334,10 +334,10 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
             lines += ["", "```", data["error"][-2000:], "```", ""]
             continue
         if "rows" in data:
-            lines += ["", f"{data['ok']}/{data['total']} OK", "", "| fixture | expected | failure | status |",
-                      "|---|---|---|---|"]
-            lines += [f"| {Path(r['fixture']).name} | {r['expected']} | {r.get('failure')} | {r['status']} |"
-                      for r in data["rows"]]
+            lines += ["", f"{data['ok']}/{data['total']} OK", "", "| fixture | backend | expected | failure | status |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {Path(r['fixture']).name} | {r.get('backend', '-')} | {r['expected']} | {r.get('failure')}"
+                      f" | {r['status']} |" for r in data["rows"]]
         else:
             lines += ["", "```", json.dumps({k: v for k, v in data.items() if k != "verdicts"}, indent=1,
                                             default=str)[:3000], "```"]

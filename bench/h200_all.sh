@@ -5,6 +5,7 @@
 #   bash bench/h200_all.sh STEP [STEP ...]
 #
 # Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (420), probe (420), agent (240),
+# agent_cuda (240: the same with the plain-CUDA replies under backend cuda),
 # profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420), baselines (560), throughput (560:
 # `cutegen bench --evaluate` over full-size KernelBench tasks, THROUGHPUT_SELECT, THROUGHPUT_PART and
 # THROUGHPUT_PROFILE pass its --select, --part and --profile). `prebuild` builds every shipped
@@ -38,6 +39,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput} ${EVALUATOR_ARGS:-}" ;;
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
+    agent_cuda)     echo "240 python3 bench/agent_replay_h200.py --out $2 --backend cuda" ;;
     profile)        echo "300 python3 bench/profile_h200.py --out $2 --cache $CACHE ${PROFILE_ARGS:-}" ;;
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;

@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-HEADER_KEYS = ("exploit", "caught-by", "task", "task-file", "backend", "needs", "fault", "device")
+HEADER_KEYS = ("exploit", "caught-by", "task", "task-file", "backend", "backends", "needs", "fault", "device")
+# The backends a fixture applies to when it has no `# backends:` line, from the backend it was written
+# for: a candidate that runs its own kernels is judged alike under cuda, which allows CuTe too.
+DEFAULT_BACKENDS = {"cute": ("cute", "cuda"), "cuda": ("cuda",), "torch": ("torch",)}
 # An example candidate's docstring opens with "... candidate for examples/tasks/<task>.py".
 _EXAMPLE_TASK = re.compile(r"candidate for (examples/tasks/\w+\.py)")
 
@@ -23,6 +26,15 @@ def header(path: Path) -> dict[str, str]:
         if sep and key.strip() in HEADER_KEYS:
             fields.setdefault(key.strip(), value.strip())
     return fields
+
+
+def backends(path: Path) -> tuple[str, ...]:
+    """The backends a fixture is judged under: its `# backends:` list (e.g. `cute, cuda`), else the
+    default for its `# backend:` (DEFAULT_BACKENDS; cute when it names none)."""
+    fields = header(path)
+    if fields.get("backends"):
+        return tuple(name.strip() for name in fields["backends"].split(",") if name.strip())
+    return DEFAULT_BACKENDS[fields.get("backend", "cute")]
 
 
 def task_path(path: Path, repo: Path) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fixture_headers import header, task_path  # noqa: F401 - re-exported for the tests
+from fixture_headers import backends, header, task_path  # noqa: F401 - re-exported for the tests
 
 
 def toolchain_problem() -> str | None:

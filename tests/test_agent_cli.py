@@ -147,6 +147,34 @@ def test_split_execution_builds_and_repairs_without_a_gpu_and_stops_only_for_a_b
     assert "swish_scale generate: failed at build: build_error" in out  # the log line of the finished step
 
 
+@needs_nvcc
+def test_split_execution_under_the_cuda_backend_repairs_a_plain_cuda_build_error(tmp_path, cache):
+    """The same split execution with --backend cuda and the plain-CUDA replies: the first kernel's
+    launch does not compile (the most vexing parse of a dim3), that verdict is reached here, the
+    repair prompt carries the plain-CUDA contract and the pitfall of that error, and the repaired
+    kernel is built; then the run stops with 76."""
+    replay = REPO / "examples" / "replays" / "swish_scale_cuda.jsonl"
+    args = ["optimize", str(TASK), "--model", f"replay:{replay}", "--backend", "cuda", "--device", "cuda",
+            "--runs-dir", "runs", "--run-id", "split-cuda"]
+    code, out = finish(cutegen(args, tmp_path, cache, CUTEGEN_ARCH="sm_90a", CUDA_VISIBLE_DEVICES=""), timeout=400)
+    assert code == 76, out
+    run = tmp_path / "runs" / "split-cuda"
+    journal = Journal.open(run)
+    assert journal.of_kind("run")[0]["evaluation"]["backend"] == "cuda"
+    (first,) = journal.steps("swish_scale")
+    assert first.stage == "generate" and first.verdict.failure == "build_error" and first.verdict.gpu_s is None
+    assert first.verdict.backend == "cuda" and 'from "dim3 (unsigned int, unsigned int)"' in first.verdict.feedback
+    replies = journal.of_kind("reply")
+    assert [r["stage"] for r in replies] == ["generate", "repair_build"]  # the repair was asked and built
+    assert not journal.of_kind("evaluate")  # no evaluation of the built repair started
+    repair_prompt = json.loads((run / replies[1]["prompt_path"]).read_text())
+    system, user = (m["content"] for m in repair_prompt)
+    assert "plain CUDA C++" in system and "CuTe" not in system
+    assert "### Most vexing parse of a dim3" in user and "do not use CuTe" in user and "cute::" not in user
+    assert "swish_scale generate: failed at build: build_error" in out
+    assert "needs a GPU" in out
+
+
 def test_missing_key_fails_before_a_run_directory_exists(tmp_path, cache):
     code, out = finish(cutegen(["optimize", str(TASK), "--model", "anthropic:claude-sonnet-4-5", "--runs-dir", "runs"],
                                tmp_path, cache))

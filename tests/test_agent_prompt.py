@@ -91,3 +91,49 @@ def test_knowledge_is_picked_by_workload_class(tmp_path):
     user = prompt.messages("generate", backend="cute", track="fp32",
                            **dict(COMMON, knowledge=select_knowledge("gemm", folder=tmp_path)))[1].content
     assert "Use wgmma." in user
+
+
+# ------------------------------------------------------------------------------ the cuda backend
+
+CUTE_WORDS = ("cute::", "<cute/", "CuTe tensors", "TiledMMA", "Copy_Atom", "make_tensor", "local_tile")
+
+
+def _cuda_and_cute(stage: str, **context) -> tuple[str, str]:
+    return tuple("\n".join(m.content for m in prompt.messages(stage, backend=b, track="fp32", **context))
+                 for b in ("cuda", "cute"))
+
+
+def test_cuda_prompts_ask_for_plain_cuda_with_the_runtime_and_brace_initialised_dims():
+    repair = dict(COMMON, candidate_source="BROKEN", feedback="error", failure="build_error", failed_stage="build",
+                  attempt=1, max_attempts=3, pitfalls="")
+    for stage, context in (("generate", COMMON), ("repair_build", repair)):
+        cuda, cute = _cuda_and_cute(stage, **context)
+        for needle in ("plain CUDA C++", "inline PTX", "CuteKernel", 'extern "C" int', "cudaStream_t stream",
+                       "dim3 const grid{", "most vexing parse", "load_inline", "sm_90a",
+                       "`forward` may only allocate outputs"):
+            assert needle in cuda, (stage, needle)
+        assert not any(word in cuda for word in CUTE_WORDS), stage
+        assert "do not use CuTe" in cuda and "plain CUDA" not in cute and "using namespace cute;" in cute
+        # An ablation changes only the language: the same sections, in the same order.
+        headings = [[line for line in text.splitlines() if line.startswith(("# ", "## "))] for text in (cuda, cute)]
+        assert headings[0] == headings[1], stage
+
+
+@pytest.mark.parametrize("workload", WORKLOAD_CLASSES)
+def test_cuda_optimize_guidance_names_no_cute_api(workload):
+    cuda, cute = _cuda_and_cute("optimize", **optimize_context(workload_class=workload))
+    assert f"## Guidance for {workload} workloads" in cuda
+    assert not any(word in cuda for word in CUTE_WORDS), workload
+    if workload in ("gemm", "elementwise"):  # the guidance that names CuTe's API has a plain-CUDA form
+        assert cuda != cute and any(word in cute for word in CUTE_WORDS)
+
+
+@pytest.mark.parametrize("workload", WORKLOAD_CLASSES)
+def test_cuda_knowledge_is_the_plain_cuda_pack(workload):
+    cuda = select_knowledge(workload, ("mm", "_softmax", "native_layer_norm", "relu"), dtypes=("float32",),
+                            track="fp32", backend="cuda")
+    assert cuda.startswith("## Plain CUDA on Hopper in brief") and "__shfl_xor_sync" in cuda
+    assert not any(word in cuda for word in CUTE_WORDS) and "CuTe" not in cuda
+    cute = select_knowledge(workload, dtypes=("float32",), track="fp32", backend="cute")
+    assert cute.startswith("## CuTe in brief")
+    assert select_knowledge(workload, backend="torch") == select_knowledge(workload)  # torch prompts as before

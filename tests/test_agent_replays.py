@@ -1,5 +1,6 @@
-"""The shipped recorded replies: their candidates pass the static checks, and the CuTe ones compile
-(all but the first, whose compile error is the point) for sm_90a with nvcc, compile-only."""
+"""The shipped recorded replies: their candidates pass the static checks of their backend, and the CuTe
+and plain-CUDA ones compile (all but the first, whose compile error is the point) for sm_90a with nvcc,
+compile-only."""
 
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ def replies(name: str) -> list[dict]:
     return [json.loads(line) for line in (REPLAYS / name).read_text().splitlines()[1:]]
 
 
-@pytest.mark.parametrize(("name", "backend"),
-                         [("swish_scale_torch.jsonl", "torch"), ("swish_scale_cute.jsonl", "cute")])
+@pytest.mark.parametrize(("name", "backend"), [("swish_scale_torch.jsonl", "torch"), ("swish_scale_cute.jsonl", "cute"),
+                                             ("swish_scale_cuda.jsonl", "cuda")])
 def test_replies_follow_the_workflow_and_pass_static_checks(name, backend):
     lines = replies(name)
     assert [line["stage"] for line in lines] == SEQUENCE
+    assert "not the output of any model" in json.loads((REPLAYS / name).read_text().splitlines()[0])["about"]
     for line in lines:
         candidate = extract_candidate(line["text"])
         assert run_static_checks(candidate.source, backend=backend) == ()
+        if backend == "cuda":  # plain CUDA: under cute only the CuTe check objects
+            assert {f.check for f in run_static_checks(candidate.source, backend="cute")} == {"check_uses_cute"}
 
 
 def _kernel(text: str):
@@ -42,14 +46,21 @@ def _kernel(text: str):
     return kernel
 
 
+# The compile error each file's first reply is there for.
+FIRST_ERRORS = {"swish_scale_cute.jsonl": 'identifier "sigmoidf" is undefined',
+                "swish_scale_cuda.jsonl": 'no suitable constructor exists to convert from "dim3 (unsigned int,'
+                                          ' unsigned int)" to "dim3"'}
+
+
 @pytest.mark.nvcc
 @needs_nvcc
-def test_cute_replies_compile_except_the_broken_first(tmp_path):
+@pytest.mark.parametrize("name", sorted(FIRST_ERRORS))
+def test_kernel_replies_compile_except_the_broken_first(name, tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
-    first, *fixed = replies("swish_scale_cute.jsonl")
+    first, *fixed = replies(name)
     with pytest.raises(BuildError) as err:
         _kernel(first["text"]).build(config)
-    assert 'identifier "sigmoidf" is undefined' in err.value.distilled
+    assert FIRST_ERRORS[name] in err.value.distilled
     for line in fixed:
         result = _kernel(line["text"]).build(config)
         assert result.arch == "sm_90a" and result.library_path.is_file()

@@ -94,7 +94,7 @@ def test_replay_bench_writes_kernelbench_results_markdown_and_html(agent_run):
     assert summary["all"]["geomean_speedup_eager"] == pytest.approx(math.prod(speedups) ** (1 / 6))
     report = (run / "bench-report.md").read_text()
     for task in results:
-        assert f"| {task} | b1 | correct |" in report
+        assert f"| {task} | b1 | torch | correct |" in report  # each row names the run's backend
     assert (run / "bench-report.html").is_file() and (run / "report.md").is_file()  # ours beside the agent's
     assert "6/6 done" in out and "results:" in out
 

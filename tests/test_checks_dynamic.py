@@ -1,7 +1,8 @@
 """Dynamic anti-cheat checks, run on the example tasks with real tensors.
 
 Each dynamic cheat fixture (tests/fixtures/cheats/, header `caught-by: <function>`) is run against its
-task's reference on CPU and the named function must catch it; fixtures marked `needs: cuda` run in
+task's reference on CPU and the named function must catch it, under every backend it applies to
+(`backends:`; only the op audit's verdict depends on the backend); fixtures marked `needs: cuda` run in
 the `gpu` tests at the end. Every honest fixture must pass every dynamic check (no false positives).
 """
 
@@ -32,7 +33,7 @@ from cutegen.evaluate.checks_dynamic import (
 from cutegen.evaluate.compare import compare_outputs
 from cutegen.tasks import load_task, task_module
 
-from helpers import header, needs_nvcc, task_path
+from helpers import backends, header, needs_nvcc, task_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = REPO / "tests" / "fixtures" / "cheats"
@@ -136,7 +137,9 @@ def test_op_audit_catches_compute_the_ast_cannot_see(path):
     reference, candidate, inputs, _ = setup(path)
     with OpAudit() as audit:
         out = candidate(*clones(inputs))
-    assert disallowed_ops(audit.ops, "cute") == AUDITED_COMPUTE[path.stem]
+    assert backends(path) == ("cute", "cuda")
+    for backend in backends(path):
+        assert disallowed_ops(audit.ops, backend) == AUDITED_COMPUTE[path.stem], backend
     assert disallowed_ops(audit.ops, "torch") == []
     assert compare_outputs(out, reference(*clones(inputs)), TOL, TOL).mismatched_elements == 0
 
@@ -154,7 +157,25 @@ def test_op_audit_also_catches_the_statically_caught_compute(path):
     _, candidate, inputs, _ = setup(path)
     with OpAudit() as audit:
         candidate(*inputs)
-    assert disallowed_ops(audit.ops, "cute")
+    assert {"cute", "cuda"} <= set(backends(path))
+    for backend in backends(path):
+        assert bool(disallowed_ops(audit.ops, backend)) == (backend != "torch"), backend
+
+
+def test_the_dynamic_checks_say_where_they_apply():
+    """The op and kernel audits enforce the candidate's own kernels (cute, cuda); the ghost probe
+    applies to every backend; the op audit's rule is the same for cute and cuda."""
+    from cutegen.errors import ConfigError
+    from cutegen.evaluate.anticheat import DYNAMIC_CHECK_BACKENDS, applies
+
+    for check in ("disallowed_ops", "audit_kernels"):
+        assert [b for b in ("cute", "cuda", "torch") if applies(check, b)] == ["cute", "cuda"]
+    assert all(applies("ghost_probe", b) for b in ("cute", "cuda", "torch"))
+    assert set(DYNAMIC_CHECK_BACKENDS) <= {"disallowed_ops", "audit_kernels", "ghost_probe"}
+    ops = ["aten.empty.memory_format", "aten.mm.default", "aten.view.default", "mylib.relu.default"]
+    assert disallowed_ops(ops, "cuda") == disallowed_ops(ops, "cute") == ["aten.mm.default", "mylib.relu.default"]
+    with pytest.raises(ConfigError, match="backend"):
+        disallowed_ops(ops, "triton")
 
 
 def test_op_audit_allows_allocation_views_and_layout_copies():
@@ -453,7 +474,8 @@ def test_memory_churn_exposes_stale_reference_output(path):
 
 def _audited_cuda_call(path: Path, build_cache: Path):
     """A cute-backend fixture on CUDA: (its output's errors against the reference, the disallowed ops
-    the op audit saw in a second call, the kernel audit of a third)."""
+    the op audit saw in a second call, the kernel audit of a third). The op audit's verdict is the
+    same under each backend the fixture applies to (cute, cuda)."""
     from cutegen.config import RuntimeConfig
     from cutegen.runtime import use_config
 
@@ -463,6 +485,8 @@ def _audited_cuda_call(path: Path, build_cache: Path):
         with OpAudit() as audit:
             candidate(*inputs)
         kernels = audit_kernels(candidate, inputs)
+    verdicts = {disallowed_ops(audit.ops, backend) == disallowed_ops(audit.ops, "cute") for backend in backends(path)}
+    assert verdicts == {True}
     return compare_outputs(out, reference(*clones(inputs)), TOL, TOL), disallowed_ops(audit.ops, "cute"), kernels
 
 

@@ -1,5 +1,6 @@
-"""Static anti-cheat checks: every static cheat fixture is caught by the check its header names, and no
-honest candidate (torch-backend fixtures, CuTe-backend fixtures, shipped CuTe examples) is flagged.
+"""Static anti-cheat checks: every static cheat fixture is caught by the check its header names under
+every backend it applies to, and no honest candidate (torch-, cute- and cuda-backend fixtures, shipped
+CuTe examples, the hand-written KernelBench-format plain-CUDA candidates) is flagged.
 
 Fixtures live in tests/fixtures/cheats/NN_<name>.py; each starts with a header:
 
@@ -7,7 +8,8 @@ Fixtures live in tests/fixtures/cheats/NN_<name>.py; each starts with a header:
     # caught-by: the name of the check function that must catch it
     # task: the example task it targets (examples/tasks/<task>.py)
     # task-file: only for a task that is not an example: its repo-relative path (tests/fixtures/tasks/)
-    # backend: cute | torch (the backend the candidate is judged under)
+    # backend: cute | cuda | torch (the backend the candidate was written for)
+    # backends: the backends it applies to, e.g. `cute, cuda` (default: cute -> cute, cuda; else its backend)
     # needs: cuda (only when running it needs a GPU)
 
 tests/fixtures/cheats/README.md has the table of fixture -> check. Fixtures whose check is dynamic are
@@ -23,9 +25,9 @@ import pytest
 
 from cutegen.errors import ConfigError
 from cutegen.evaluate import checks_dynamic, checks_static, compare
-from cutegen.evaluate.checks_static import BACKENDS, STATIC_CHECKS, run_static_checks
+from cutegen.evaluate.checks_static import BACKENDS, STATIC_CHECK_BACKENDS, STATIC_CHECKS, run_static_checks
 
-from helpers import header, task_path
+from helpers import backends, header, task_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
@@ -39,10 +41,19 @@ DYNAMIC_NAMES = {
 
 STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
 DYNAMIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in DYNAMIC_NAMES]
+# (fixture, backend) for each backend a fixture applies to.
+STATIC_RUNS = [(p, b) for p in STATIC_CHEATS for b in backends(p)]
+DYNAMIC_RUNS = [(p, b) for p in DYNAMIC_CHEATS for b in backends(p)]
+# The hand-written KernelBench-format plain-CUDA candidates (load_inline, no CuTe).
+KERNELBENCH_CUDA = sorted((REPO / "bench" / "candidates" / "cuda").glob("level_*_kernel.py"))
 
 
 def _ids(paths: list[Path]) -> list[str]:
     return [p.stem for p in paths]
+
+
+def _run_ids(runs: list[tuple[Path, str]]) -> list[str]:
+    return [f"{p.stem}-{b}" for p, b in runs]
 
 
 # ------------------------------------------------------------------------------ the fixture set
@@ -57,6 +68,7 @@ def test_cheat_header_is_complete(path):
     fields = header(path)
     assert fields.get("exploit"), "every cheat says what it exploits"
     assert fields.get("backend") in BACKENDS
+    assert set(backends(path)) <= set(BACKENDS) and backends(path), "the backends line names known backends"
     assert fields.get("task")
     task_file = task_path(path, REPO)
     assert task_file.is_file(), task_file
@@ -77,28 +89,41 @@ def test_readme_lists_every_fixture():
     readme = (REPO / "tests" / "fixtures" / "cheats" / "README.md").read_text()
     for path in CHEATS:
         assert f"| {path.name} | {header(path)['caught-by']} |" in readme, path.name
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {path.name} |"))
+        assert row.split(" | ")[4] == ", ".join(backends(path)), f"{path.name}: the backends column is out of date"
+
+
+def test_the_fixture_suite_runs_under_both_own_kernel_backends():
+    """cute and cuda are judged by the same checks except check_uses_cute: every fixture that applies
+    to cute applies to cuda too, except the CuTe check's own; and every static fixture whose check
+    applies to cuda is run under cuda."""
+    cute_only = [p.name for p in CHEATS if "cute" in backends(p) and "cuda" not in backends(p)]
+    assert cute_only == ["25_no_cute.py"]
+    missing = [p.name for p in STATIC_CHEATS
+               if "cuda" in STATIC_CHECK_BACKENDS[header(p)["caught-by"]] and "cuda" not in backends(p)]
+    assert missing == []
 
 
 # ------------------------------------------------------------------------- caught, not flagged
 
 
-@pytest.mark.parametrize("path", STATIC_CHEATS, ids=_ids(STATIC_CHEATS))
-def test_static_cheat_is_caught_by_its_check(path):
+@pytest.mark.parametrize("path, backend", STATIC_RUNS, ids=_run_ids(STATIC_RUNS))
+def test_static_cheat_is_caught_by_its_check(path, backend):
     fields = header(path)
     source = path.read_text()
-    findings = run_static_checks(source, backend=fields["backend"])
+    assert backend in STATIC_CHECK_BACKENDS[fields["caught-by"]], "the fixture's check applies to its backends"
+    findings = run_static_checks(source, backend=backend)
     assert fields["caught-by"] in {f.check for f in findings}
     direct = getattr(checks_static, fields["caught-by"])(ast.parse(source))
     assert direct and all(f.check == fields["caught-by"] for f in direct)
     assert all(f.line is None or f.line >= 1 for f in direct)
 
 
-@pytest.mark.parametrize("path", DYNAMIC_CHEATS, ids=_ids(DYNAMIC_CHEATS))
-def test_dynamic_cheat_gets_past_every_static_check(path):
-    """A fixture for a dynamic check must reach it: no static check of its backend may fire first
-    (the evaluator stops at the first failing stage), else the dynamic check goes unproven."""
-    fields = header(path)
-    assert run_static_checks(path.read_text(), backend=fields["backend"]) == ()
+@pytest.mark.parametrize("path, backend", DYNAMIC_RUNS, ids=_run_ids(DYNAMIC_RUNS))
+def test_dynamic_cheat_gets_past_every_static_check(path, backend):
+    """A fixture for a dynamic check must reach it: no static check of a backend it applies to may
+    fire first (the evaluator stops at the first failing stage), else the dynamic check goes unproven."""
+    assert run_static_checks(path.read_text(), backend=backend) == ()
 
 
 # Each of these fixtures gets past a static check by one indirection; written directly, the same
@@ -120,10 +145,10 @@ def test_dynamic_cheat_written_directly_is_caught_statically(name, hidden, direc
     path = REPO / "tests" / "fixtures" / "cheats" / name
     source = path.read_text()
     assert source.count(hidden) == 1
-    backend = header(path)["backend"]
-    assert run_static_checks(source, backend=backend) == ()
-    findings = run_static_checks(source.replace(hidden, direct), backend=backend)
-    assert {f.check for f in findings} == {check}, findings
+    for backend in backends(path):
+        assert run_static_checks(source, backend=backend) == ()
+        findings = run_static_checks(source.replace(hidden, direct), backend=backend)
+        assert {f.check for f in findings} == {check}, findings
 
 
 CUTE_DYNAMIC_CHEATS = [p for p in DYNAMIC_CHEATS if header(p)["backend"] == "cute"]
@@ -131,36 +156,70 @@ CUTE_DYNAMIC_CHEATS = [p for p in DYNAMIC_CHEATS if header(p)["backend"] == "cut
 
 @pytest.mark.parametrize("path", CUTE_DYNAMIC_CHEATS, ids=_ids(CUTE_DYNAMIC_CHEATS))
 def test_cute_dynamic_cheat_carries_a_real_cute_kernel(path):
-    """Under the cute backend check_uses_cute comes first: these fixtures carry a kernel written on
-    CuTe tensors; without its source the same candidate is rejected by that check alone."""
+    """Under the cute and cuda backends the kernel-source checks come first: these fixtures carry a
+    kernel written on CuTe tensors; without its source the same candidate is rejected by
+    check_has_kernel_source alone (and check_uses_cute has nothing to read)."""
     tree = ast.parse(path.read_text())
-    assert checks_static.check_uses_cute(tree) == []
+    assert checks_static.check_uses_cute(tree) == [] and checks_static.check_has_kernel_source(tree) == []
     for node in ast.walk(tree):  # drop every string holding kernel source
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
             node.value = ""
     stripped = ast.unparse(tree)
-    assert {f.check for f in run_static_checks(stripped, backend="cute")} == {"check_uses_cute"}
+    for backend in ("cute", "cuda"):
+        assert {f.check for f in run_static_checks(stripped, backend=backend)} == {"check_has_kernel_source"}
 
 
 @pytest.mark.parametrize("path", HONEST, ids=_ids(HONEST))
 def test_honest_fixture_has_no_finding(path):
-    backends = ["torch", "cute"] if header(path).get("backend") == "cute" else ["torch"]
-    for backend in backends:
+    """Under each of its backends, and under torch (which only looks for cheats)."""
+    for backend in {*backends(path), "torch"}:
         assert run_static_checks(path.read_text(), backend=backend) == ()
+    if header(path).get("backend") == "cuda":  # plain CUDA: under cute only the CuTe check objects
+        assert {f.check for f in run_static_checks(path.read_text(), backend="cute")} == {"check_uses_cute"}
+
+
+@pytest.mark.parametrize("path", KERNELBENCH_CUDA, ids=_ids(KERNELBENCH_CUDA))
+def test_kernelbench_plain_cuda_candidate_passes_under_cuda_and_only_lacks_cute(path):
+    """Other systems' honest kernels (KernelBench format, load_inline, no CuTe) are judged under cuda
+    with every other check of the cute backend: nothing is flagged; under cute only the CuTe check is."""
+    source = path.read_text()
+    assert "load_inline" in source and "cute::" not in source and "<cute/" not in source
+    assert run_static_checks(source, backend="cuda") == ()
+    assert {f.check for f in run_static_checks(source, backend="cute")} == {"check_uses_cute"}
+
+
+def test_there_are_thirteen_kernelbench_plain_cuda_candidates():
+    assert len(KERNELBENCH_CUDA) == 13
+    assert {p.name for p in KERNELBENCH_CUDA} >= {"level_1_problem_19_sample_0_kernel.py",
+                                                  "level_1_problem_1_sample_0_kernel.py"}
 
 
 @pytest.mark.parametrize("path", CUTE_EXAMPLES, ids=_ids(CUTE_EXAMPLES))
 def test_shipped_cute_example_has_no_finding(path):
-    assert run_static_checks(path.read_text(), backend="cute") == ()
+    for backend in ("cute", "cuda"):  # CuTe is allowed under cuda
+        assert run_static_checks(path.read_text(), backend=backend) == ()
 
 
-def test_honest_torch_candidates_are_cheats_under_the_cute_backend():
-    """The same torch code that is honest under "torch" computes with PyTorch under "cute"."""
+def test_honest_torch_candidates_are_cheats_under_the_own_kernel_backends():
+    """The same torch code that is honest under "torch" computes with PyTorch under "cute" and "cuda"."""
     torch_backend = [p for p in HONEST if header(p).get("backend") == "torch"]
     assert torch_backend
     for path in torch_backend:
-        names = {f.check for f in run_static_checks(path.read_text(), backend="cute")}
-        assert {"check_forward_allowlist", "check_uses_cute"} <= names, path.name
+        for backend in ("cute", "cuda"):
+            names = {f.check for f in run_static_checks(path.read_text(), backend=backend)}
+            assert names == {"check_forward_allowlist", "check_has_kernel_source"}, (path.name, backend)
+
+
+def test_each_check_says_where_it_applies():
+    """One set of checks (DESIGN.md, "Backends"): the own-kernel checks apply to cute and cuda, the
+    CuTe check to cute alone, every other check to all three backends."""
+    assert set(STATIC_CHECK_BACKENDS) == STATIC_NAMES
+    own = {name for name, where in STATIC_CHECK_BACKENDS.items() if where == {"cute", "cuda"}}
+    assert own == {"check_forward_allowlist", "check_has_kernel_source"}
+    assert STATIC_CHECK_BACKENDS["check_uses_cute"] == {"cute"}
+    assert all(where == set(BACKENDS) for name, where in STATIC_CHECK_BACKENDS.items()
+               if name not in own | {"check_uses_cute"})
+    assert set(BACKENDS) == {"cute", "cuda", "torch"}
 
 
 # ------------------------------------------------------------------ the allow list, case by case
@@ -378,8 +437,14 @@ def test_uses_cute_accepts_qualified_names_without_using_namespace():
     assert _findings(checks_static.check_uses_cute, source) == []
 
 
-def test_uses_cute_requires_a_kernel():
-    assert _findings(checks_static.check_uses_cute, "import torch\n")
+def test_kernel_source_is_required_and_the_cute_check_leaves_that_to_it():
+    assert _findings(checks_static.check_has_kernel_source, "import torch\n")
+    assert _findings(checks_static.check_uses_cute, "import torch\n") == []
+    commented = 'SRC = """\n// __global__ void k() {}\n#include <cuda_runtime.h>\n"""\n'
+    assert _findings(checks_static.check_has_kernel_source, commented)  # a kernel in a comment is none
+    plain = 'SRC = """\n__global__ void k(float* p) { p[threadIdx.x] = 0.f; }\n"""\n'
+    assert _findings(checks_static.check_has_kernel_source, plain) == []
+    assert _findings(checks_static.check_uses_cute, plain)
 
 
 def test_dynamic_code_forms():
@@ -403,8 +468,9 @@ def test_run_static_checks_reports_a_syntax_error_with_its_line():
 
 
 def test_run_static_checks_rejects_an_unknown_backend():
-    with pytest.raises(ConfigError, match="backend"):
+    with pytest.raises(ConfigError, match="backend") as err:
         run_static_checks("x = 1\n", backend="triton")
+    assert "cute, cuda, torch" in err.value.fix
 
 
 def test_torch_backend_skips_the_cute_only_checks():

@@ -140,6 +140,9 @@ def test_tolerance_follows_track_and_dtype_and_config_is_validated():
     assert EvalConfig(atol=1e-3).tolerance("float32") == (1e-3, 1e-4)
     with pytest.raises(ConfigError, match="backend cute"):
         EvalConfig(device="cpu", backend="cute")
+    with pytest.raises(ConfigError, match="backend cuda"):  # its own CUDA kernels need a CUDA device too
+        EvalConfig(device="cpu", backend="cuda")
+    assert EvalConfig(backend="cuda").backend == "cuda"
     with pytest.raises(ConfigError, match="track"):
         EvalConfig(track="fp16")
 

@@ -153,6 +153,38 @@ def test_the_shipped_pack_is_selected_by_default():
     assert "## CuTe in brief" in text and "## Choosing the GEMM path" in text
 
 
+# ------------------------------------------------------------------------------ the plain-CUDA pack
+
+CUDA_SNIPPETS = REPO / "tests" / "knowledge_cuda" / "snippets.cu"
+
+
+def test_cuda_pack_selectors_are_valid_and_its_core_always_fits():
+    pack = load_pack(backend="cuda")
+    assert pack.get(COMMON) and PITFALLS not in pack  # the pitfalls are shared (module docstring)
+    for name, sections in pack.items():
+        for section in sections:
+            assert set(section.dtypes) <= TORCH_DTYPES and set(section.tracks) <= {"fp32", "tf32"}, section.title
+            assert "<!--" not in section.text, section.title
+    core = [s.title for s in pack[COMMON] if s.priority == 0 and not s.tracks]
+    for workload in WORKLOAD_CLASSES:
+        titles = _titles(select_knowledge(workload, track="fp32", backend="cuda"))
+        assert set(core) <= set(titles) and "Precision: the fp32 track" in titles, workload
+    with pytest.raises(ConfigError, match="triton"):
+        select_knowledge("gemm", backend="triton")
+
+
+def test_cuda_pack_code_excerpts_are_verbatim_slices_of_the_compiled_snippets():
+    lines = [line.strip() for line in CUDA_SNIPPETS.read_text().splitlines()]
+    blocks = [(name, b) for name in load_pack(backend="cuda")
+              for b in re.findall(r"```cuda\n(.*?)```", (knowledge.pack_folder(backend="cuda") / name).read_text(), re.S)]
+    assert len(blocks) >= 5  # vectors, reductions, cp.async, mma.sync, softmax
+    for name, block in blocks:
+        for fragment in _fragments(block):
+            assert _contains_run(lines, fragment), (
+                f"a ```cuda excerpt in knowledge_cuda/{name} is not a verbatim slice of {CUDA_SNIPPETS.name}:\n"
+                + "\n".join(fragment[:5]))
+
+
 def test_task_dtypes_come_from_the_inputs_on_meta():
     assert task_dtypes(load_task(REPO / "examples" / "tasks" / "matmul_bf16.py")) == ("bfloat16",)
     assert task_dtypes(load_task(REPO / "examples" / "tasks" / "conv2d.py")) == ("float32",)

@@ -1,7 +1,9 @@
 """The pitfalls of the knowledge pack stay true: each snippet in tests/pitfalls/ fails to build with
 nvcc for sm_90a (through the project's runtime, headers and flags) and the distilled error holds the
 message that pitfalls.md quotes (its `// Expect:` line; test_knowledge.py checks the two lists agree).
-Marked nvcc (compile-only, no GPU); skipped when nvcc or the CUTLASS headers are missing."""
+The code the cuda backend's prompts show compiles: the plain-CUDA pack's snippets (which its excerpts
+are slices of) and the contract's example. Marked nvcc (compile-only, no GPU); skipped when nvcc or
+the CUTLASS headers are missing."""
 
 from __future__ import annotations
 
@@ -45,3 +47,26 @@ def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
         elif expected[name] not in distilled:
             wrong.append(f"{name}: expected {expected[name]!r} in:\n{distilled}")
     assert not wrong, "\n\n".join(wrong)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_the_cuda_prompts_code_compiles(tmp_path):
+    import types
+
+    from cutegen.evaluate.checks_static import run_static_checks
+    from cutegen.extract import extract_candidate
+    from cutegen.prompt import render_template
+    from cutegen.runtime import find_kernels
+
+    config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
+    example = extract_candidate(render_template("contract.md.j2", backend="cuda")).source
+    assert run_static_checks(example, backend="cuda") == ()
+    module = types.ModuleType("contract_example")
+    exec(compile(example, "contract_example", "exec"), module.__dict__)  # noqa: S102 - our own template
+    (kernel,) = find_kernels(module)
+    snippets = (Path(__file__).resolve().parent / "knowledge_cuda" / "snippets.cu").read_text()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(pool.map(lambda build: build(), (lambda: kernel.build(config),
+                                                       lambda: build_library(snippets, config))))
+    assert all(result.library_path.is_file() and result.arch == "sm_90a" for result in built)

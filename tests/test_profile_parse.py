@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,33 @@ def test_suggestions_are_specific_to_the_measurements():
                     grid=66, long_sb=9, barrier=3)
     assert "168 registers/thread" in latency and "0.50 waves" in latency and "long_scoreboard" in latency
     assert "launch overhead" in hints("launch-bound", sm=5, mem=5)
+
+
+def test_suggestions_speak_the_language_of_the_backend():
+    """The cuda backend's profile feedback names plain-CUDA constructs, never CuTe's atoms and layouts,
+    so that the ablation of the language keeps the advice alike; the keys of the two vocabularies agree."""
+    from cutegen.profile.diagnose import TERMS, _STALL_HINTS
+    from cutegen.profile.sass import mix_findings
+
+    assert set(TERMS["cuda"]) == set(TERMS["cute"])
+    simt = dataclasses.replace(parse_sass((FIXTURES / "sass_matmul_cute.txt").read_text())[0], function="k")
+    scalar = dataclasses.replace(parse_sass((FIXTURES / "sass_swish_scale_cute.txt").read_text())[0], function="k")
+    cases = [("memory-bound", scalar, "elementwise", dict(sm=10, mem=70, dram=65)),
+             ("compute-bound", simt, "gemm", dict(sm=80, mem=30, fma=85, tensor=0)),
+             ("latency-bound", None, "elementwise", dict(sm=20, mem=20, occ=20, limit_regs=2, limit_warps=8, regs=168,
+                                                         waves=0.5, grid=66, long_sb=9, barrier=3))]
+    cute_words = re.compile(r"Copy_Atom|TiledMMA|Swizzle<|SM80_|\bGMMA\b|ITER mode|CUTE_|\batoms?\b")
+    for track in ("fp32", "tf32"):
+        texts = [" ".join(suggest((kernel_profile(_launch(duration=100e-6, **v)),), d, (m,) if m else (), w, track,
+                                  None, backend)) for d, m, w, v in cases for backend in ("cuda", "cute")]
+        texts += [" ".join(mix_findings((simt,), "wgmma mma.sync", "gemm", track, backend)) for backend in ("cuda", "cute")]
+        cuda, cute = " ".join(texts[0::2]), " ".join(texts[1::2])
+        assert "128-bit loads and stores (float4)" in cuda and "long_scoreboard" in cuda
+        assert ("mma.sync.m16n8k8 .tf32" if track == "fp32" else "half-precision mma.sync") in cuda
+        assert not cute_words.search(cuda), cuda
+        assert cute_words.search(cute)
+    for reason, hint in _STALL_HINTS.items():
+        assert not cute_words.search(hint.format(**TERMS["cuda"])), reason
 
 
 def test_short_names_drop_return_type_namespaces_and_parameters():

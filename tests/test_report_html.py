@@ -203,7 +203,7 @@ def test_side_by_side_report_renders_every_plot_without_errors(tmp_path):
     assert "Replayed replies" in page["text"]
     text = md.read_text()
     assert "](plots/fast_p.svg)" in text and (tmp_path / "report" / "plots" / "fast_p.svg").is_file()
-    assert "| clean | none (profiling=none) | 3 |" in text  # level1/23 is excluded from the clean subset
+    assert "| clean | none (profiling=none) | cute | 3 |" in text  # level1/23 is excluded from the clean subset
 
 
 def test_the_browser_check_sees_errors_and_missing_plots(tmp_path):

@@ -366,7 +366,8 @@ class Agent:
 
         trace = prompt.trace_context(trace_task(task))
         knowledge = select_knowledge(trace["workload_class"], trace["aten_ops"], dtypes=task_dtypes(task),
-                                     track=self.eval_config.track, folder=self.cfg.knowledge_dir)
+                                     track=self.eval_config.track, folder=self.cfg.knowledge_dir,
+                                     backend=self.eval_config.backend)
         return _TaskState(task=task, trace=trace, knowledge=knowledge)
 
     def result(self, task_id: str) -> TaskResult:

@@ -92,7 +92,8 @@ class AgentConfig:
     optimization rounds).
     `target_sol_fraction`: stop a task once its best kernel reaches this fraction of speed of light.
     `max_tokens`: the reply limit of each call; `concurrency`: model calls in flight at once.
-    `knowledge_dir`: a folder of workload-class notes (`<class>.md`, `common.md`); None = built in.
+    `knowledge_dir`: a folder of workload-class notes (`<class>.md`, `common.md`); None = the pack built
+    in for the evaluation backend (knowledge.PACKS).
     """
 
     rounds: int = 5
@@ -140,7 +141,14 @@ def profiling_delay(schedule: str) -> int | None:
 # ------------------------------------------------------------------------------------------ evaluate
 
 TRACKS = ("fp32", "tf32")
-BACKENDS = ("cute", "torch")
+# What a candidate's compute may be written in (README "Backends"): "cute" its own CUDA kernels written
+# with CuTe, "cuda" its own CUDA kernels in any CUDA C++ (CuTe allowed, not required: other systems'
+# kernels, and the CuTe-or-not ablation), "torch" PyTorch ops (tests and ablations of the workflow).
+BACKENDS = ("cute", "cuda", "torch")
+# The backends whose compute must run in the candidate's own kernels: every "own kernels" check (the
+# forward allow-list, the op and kernel audits...) applies to these; each check's table says which
+# (checks_static.STATIC_CHECK_BACKENDS, anticheat.DYNAMIC_CHECK_BACKENDS).
+OWN_KERNEL_BACKENDS = frozenset({"cute", "cuda"})
 DEVICES = ("cuda", "cpu")
 
 # atol = rtol per precision track for fp32 tensors, and for half-precision tensors in either track.
@@ -154,8 +162,9 @@ class EvalConfig:
     """How a candidate is judged (EVALUATION.md).
 
     `track`: "fp32" (TF32 off for reference and baselines, atol = rtol = 1e-4) or "tf32" (TF32 on,
-    1e-2). `backend`: "cute" requires the candidate's own kernels; "torch" lets it use torch ops
-    (tests and ablations; the op and kernel audits are off). `device`: "cpu" only with backend torch.
+    1e-2). `backend`: "cute" requires the candidate's own kernels written with CuTe, "cuda" its own
+    CUDA kernels (CuTe optional); "torch" lets it use torch ops (tests and ablations; the op and kernel
+    audits are off). `device`: "cpu" only with backend torch.
     `run_timeout_s` bounds each candidate stage in the worker (correctness, anticheat, timing);
     `reference_timeout_s` the reference outputs, which are the task's cost, not the candidate's.
     `atol`/`rtol`: None derives them from the track and the tensors' dtype (`tolerance`).
@@ -197,9 +206,10 @@ class EvalConfig:
             if value not in allowed:
                 raise ConfigError(f"Evaluation {name} {value!r} is not one of {', '.join(allowed)}.",
                                   f"Pass --{name} {allowed[0]} (or another of {', '.join(allowed)}).")
-        if self.device == "cpu" and self.backend != "torch":
+        if self.device == "cpu" and self.backend in OWN_KERNEL_BACKENDS:
             raise ConfigError(
-                "Device cpu was asked for with backend cute; CuTe kernels run only on a CUDA device.",
+                f"Device cpu was asked for with backend {self.backend}; the candidate's own CUDA kernels run"
+                " only on a CUDA device.",
                 "Use --device cuda on a GPU machine, or --backend torch to judge a torch candidate on CPU.",
             )
         if self.correctness_trials < 1 or self.weight_seeds < 1 or self.timing_trials < 1:

@@ -1,7 +1,11 @@
-"""The CuTe knowledge pack: which notes go into a prompt, within a size budget.
+"""The knowledge packs: which notes go into a prompt, within a size budget.
 
-The pack is a folder of Markdown files (shipped in templates/knowledge/, or a user's own folder):
-`common.md` (the CuTe guide every prompt starts from), one file per workload class (`gemm.md`,
+A pack is a folder of Markdown files, one per backend (`PACKS`): the CuTe guide
+(templates/knowledge/, for the cute backend, and the torch backend's prompts as before) and a smaller
+plain-CUDA one for Hopper (templates/knowledge_cuda/: vectorized access, warp reductions, cp.async,
+mma.sync through inline PTX), so that an ablation of the kernel language changes only the language
+asked for and the notes about it; or a user's own folder, for any backend. Each is laid out alike:
+`common.md` (the guide every prompt starts from), one file per workload class (`gemm.md`,
 `norm.md`, ...; see records.WORKLOAD_CLASSES) and `pitfalls.md` (compile errors with their causes and
 fixes, for repair prompts). A file is cut into sections at its `## ` headings. A section may start
 with a selector comment saying when it applies:
@@ -25,6 +29,11 @@ Selection (`select_knowledge`), in order of preference until the budget is spent
 A section tagged with dtypes or tracks that exclude the task is never chosen. Chosen sections are
 emitted in the pack's own order (common first, then the class file, then borrowed ones), so the text
 reads as written. Sections are never cut in the middle: one that does not fit is skipped.
+
+The pitfalls (repair prompts) are the CuTe pack's pitfalls.md for every backend: entries are chosen by
+the compiler's own message, so a plain-CUDA candidate meets only the entries of plain C++/CUDA errors
+(the most vexing parse, anonymous namespaces, host/device calls...), and a cuda candidate that uses
+CuTe (allowed) gets the CuTe ones.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ _SELECTOR = re.compile(r"^\s*<!--(?P<body>.*?)-->\s*\n?", re.S)
 _SELECTOR_KEY = re.compile(r"\b(?:ops|dtypes|tracks|priority)\s*:")
 _KEYS = ("ops", "dtypes", "tracks", "priority")
 _MESSAGE = re.compile(r"^Message: `(?P<text>[^`]+)`", re.M)
+# The shipped pack of each backend (a folder under cutegen/templates/).
+PACKS = {"cute": "knowledge", "cuda": "knowledge_cuda", "torch": "knowledge"}
 
 
 @dataclass(frozen=True)
@@ -63,11 +74,14 @@ class Section:
     priority: int = 1
 
 
-def pack_folder(folder: Path | None = None) -> Any:
-    """The pack's folder: `folder` when given, else the one shipped in cutegen/templates/knowledge."""
+def pack_folder(folder: Path | None = None, backend: str = "cute") -> Any:
+    """The pack's folder: `folder` when given, else the one shipped for `backend` (PACKS)."""
     if folder is not None:
         return Path(folder)
-    return resources.files("cutegen").joinpath("templates", "knowledge")
+    if backend not in PACKS:
+        raise ConfigError(f"No knowledge pack for backend {backend!r}.",
+                          f"Use one of {', '.join(PACKS)}, or give a folder of notes (AgentConfig.knowledge_dir).")
+    return resources.files("cutegen").joinpath("templates", PACKS[backend])
 
 
 def _parse_selector(body: str, where: str) -> dict[str, Any]:
@@ -112,9 +126,9 @@ def parse_sections(name: str, text: str) -> list[Section]:
     return sections
 
 
-def load_pack(folder: Path | None = None) -> dict[str, list[Section]]:
+def load_pack(folder: Path | None = None, backend: str = "cute") -> dict[str, list[Section]]:
     """Every Markdown file of the pack, parsed: {file name: sections in file order}."""
-    base = pack_folder(folder)
+    base = pack_folder(folder, backend)
     if not base.is_dir():
         return {}
     files = sorted((entry for entry in base.iterdir() if entry.name.endswith(".md")), key=lambda e: e.name)
@@ -166,8 +180,9 @@ def _emit_order(pack: dict[str, list[Section]], workload_class: str) -> dict[int
 
 def select_knowledge(workload_class: str, aten_ops: Iterable[str] = (), *, dtypes: Iterable[str] = (),
                      track: str | None = None, budget_chars: int = DEFAULT_BUDGET_CHARS,
-                     folder: Path | None = None) -> str:
-    """The pack's text for one task, at most `budget_chars` long ("" when the pack is absent).
+                     folder: Path | None = None, backend: str = "cute") -> str:
+    """The pack's text for one task, at most `budget_chars` long ("" when the pack is absent): the
+    pack in `folder`, else the one shipped for `backend`.
 
     `workload_class` is TaskTrace.workload_class (an unknown class reads as "other"), `aten_ops` its
     aten ops, `dtypes` the input dtypes ("float32", "bfloat16"...; empty = unknown), `track` the
@@ -176,7 +191,7 @@ def select_knowledge(workload_class: str, aten_ops: Iterable[str] = (), *, dtype
     if budget_chars < 0:
         raise ConfigError(f"The knowledge budget is negative ({budget_chars} characters).",
                           "Give a budget of 0 (no knowledge) or more characters.")
-    pack = load_pack(folder)
+    pack = load_pack(folder, backend)
     workload_class = workload_class if workload_class in WORKLOAD_CLASSES else "other"
     ranked = _ranked(pack, workload_class, set(aten_ops), tuple(dtypes), track)
     ranked.sort(key=lambda item: (item[0], item[1]))  # stable: file order breaks ties

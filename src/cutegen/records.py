@@ -157,7 +157,7 @@ class Verdict:
     task_id: str
     candidate_sha256: str
     track: str  # precision track: "fp32" or "tf32"
-    backend: str  # "cute" (own kernels required) or "torch"
+    backend: str  # "cute" or "cuda" (own kernels required; cuda: CuTe optional) or "torch"
     passed: bool  # correct, clean, and timed (when timing was asked for)
     stage: str  # the last stage reached (the failing one when passed is False)
     failure: str | None  # name of the failed check, None when passed

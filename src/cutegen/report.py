@@ -55,6 +55,17 @@ class Series:
     color: str
     run: BenchRun
 
+    @property
+    def backend(self) -> str:
+        """What the run's candidates were judged as (cute, cuda or torch): two runs of one suite under
+        two backends are the CuTe-or-plain-CUDA ablation, and every table names it."""
+        return str(self.run.evaluation.get("backend") or "-")
+
+    @property
+    def heading(self) -> str:
+        """The label with the backend, unless the label already names it (runs that differ by it)."""
+        return self.label if f"backend={self.backend}" in self.label else f"{self.label} ({self.backend})"
+
 
 # ------------------------------------------------------------------------------ entry point
 
@@ -115,6 +126,7 @@ def _environment() -> Any:
     )
     env.filters.update(x=_fmt_x, pct=_fmt_pct, frac=_fmt_frac, usd=_fmt_usd, num=_fmt_num)
     env.globals["row"] = summary_rows
+    env.globals["outcome"] = task_outcome
     return env
 
 
@@ -373,6 +385,17 @@ def _trajectory(task_id: str, lines: list[tuple[Series, BenchTaskResult]], numbe
 
 def _short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def task_outcome(result: BenchTaskResult | None) -> str:
+    """One run's result for a task in a cell: "correct, 1.42x (1.1x compile)", the stage and failure
+    that stopped it, or "-" when the run did not have the task."""
+    if result is None:
+        return "-"
+    if not result.correctness:
+        return result.stage_reached + (f": {result.failure}" if result.failure else "")
+    compiled = f" ({_fmt_x(result.speedup_vs_compile)} compile)" if result.speedup_vs_compile is not None else ""
+    return f"correct, {_fmt_x(result.speedup_vs_eager)}{compiled}"
 
 
 def summary_rows(summary: GroupSummary) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """`cutegen eval` (judge one candidate) and `cutegen baseline` (time eager and torch.compile).
 
 Exit status of `eval`: 0 the candidate passed, 1 it was rejected (the table says by which check),
-2 a usage or settings error. `baseline`: 0 every task measured, 1 some failed, 2 a usage error.
+2 a usage or settings error, 76 needs a GPU (on a machine without a CUDA device the candidate passed
+the static checks and, where nvcc and CUTEGEN_ARCH allow, the build; the rest needs the device).
+`baseline`: 0 every task measured, 1 some failed, 2 a usage error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from cutegen.cli import app
 from cutegen.cli import options as opt
 
 EXIT_REJECTED = 1
+EXIT_NEEDS_GPU = 76  # as `cutegen optimize`: what this machine can judge passed, the rest needs a GPU
 stderr = Console(stderr=True)
 
 
@@ -50,28 +53,47 @@ def eval_command(
     select: str = typer.Option(None, "--select", "-s", help="One task of a suite, e.g. level1/19."),
     as_json: bool = typer.Option(False, "--json", help="Print the Verdict as JSON."),
     track: opt.Track = "fp32",
-    backend: str = typer.Option("cute", "--backend", help="cute (own kernels required) or torch."),
+    backend: opt.Backend = "cute",
     device: opt.Device = "cuda",
     no_timing: bool = typer.Option(False, "--no-timing", help="Stop after correctness and anti-cheat checks."),
     compile_baseline: opt.CompileBaseline = True,
     timing_trials: opt.TimingTrials = 100,
     gpu: int = typer.Option(0, "--gpu", help="GPU index to run on."),
 ) -> None:
-    """Judge one candidate with the hardened evaluator. Exit status: 0 passed, 1 rejected, 2 usage error."""
-    from cutegen.evaluate.pipeline import evaluate_candidate
+    """Judge one candidate with the hardened evaluator. Exit status: 0 passed, 1 rejected, 2 usage
+    error, 76 needs a GPU (no CUDA device here: the static checks, and the build where it can run, passed)."""
+    from cutegen.evaluate.pipeline import NeedsDevice, evaluate_candidate
     from cutegen.records import to_json
 
     config = _eval_config(track=track, backend=backend, device=device, do_timing=not no_timing,
                           compile_baseline=compile_baseline, timing_trials=timing_trials, gpus=(gpu,))
     chosen = _one_task(task, select)
-    with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
-        verdict = evaluate_candidate(candidate, chosen, config)
+    try:
+        with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
+            verdict = evaluate_candidate(candidate, chosen, config, device_available=_device_available(config))
+    except NeedsDevice:
+        arch = config.runtime.arch
+        built = f" and the build for {arch}" if arch else " (set CUTEGEN_ARCH, e.g. sm_90a, to build here too)"
+        stderr.print(f"[yellow]needs a GPU:[/] {candidate.name} passed the static checks of backend {config.backend}"
+                     f"{built}; the rest of the evaluation needs a CUDA device: run `cutegen eval` again on a"
+                     " machine with one.", highlight=False)
+        sys.exit(EXIT_NEEDS_GPU)
     if as_json:
         typer.echo(json.dumps(to_json(verdict), indent=1))
     else:
         print_verdict(verdict, Console())
     # sys.exit (not typer.Exit): the exit status is the verdict, whichever way main() is entered.
     sys.exit(0 if verdict.passed else EXIT_REJECTED)
+
+
+def _device_available(config: Any) -> bool:
+    """Whether the evaluation device is here: without one, the candidate gets the stages this machine
+    can run (split execution) instead of failing on the task's reference for want of CUDA."""
+    if config.device != "cuda":
+        return True
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _ms(stats: Any) -> str:

@@ -34,7 +34,8 @@ BudgetWallS = Annotated[float, typer.Option("--budget-wall-s", help="Run-wide li
 
 # ------------------------------------------------------------------------------ evaluation
 
-Backend = Annotated[str, typer.Option("--backend", help="cute (own CuTe kernels) or torch (plain torch ops).")]
+Backend = Annotated[str, typer.Option("--backend", help="cute (own kernels written with CuTe), cuda (own CUDA"
+                                       " kernels, CuTe optional) or torch (plain torch ops).")]
 Device = Annotated[str, typer.Option("--device", help="cuda, or cpu (backend torch only).")]
 Track = Annotated[str, typer.Option("--track", help="Precision track: fp32 (TF32 off, 1e-4) or tf32 (1e-2).")]
 TrackBrief = Annotated[str, typer.Option("--track", help="Precision track: fp32 or tf32.")]

@@ -1,69 +1,40 @@
-"""The anticheat stage: runs the dynamic checks of checks_dynamic.py in the worker and judges them in
-the parent. Each check's docstring (in checks_dynamic.py) names the exploit it defeats; this module
-only decides which run where and what counts as a failure.
+"""The anticheat stage: which dynamic checks of checks_dynamic.py run for which backend, and how their
+observations are judged in the parent. Each check's docstring (in checks_dynamic.py) names the exploit
+it defeats; this module only decides where each applies and what counts as a failure. The candidate's
+worker (runner.py) runs the observations; pipeline.py asks for them by this table.
 
-- op audit (backend cute): one forward under a TorchDispatchMode; any aten op other than allocation
-  and views fails.
-- kernel audit (backend cute, CUDA): a profiled forward must launch the candidate's own kernels and no
-  library (cuBLAS/cuDNN/aten compute) kernels. It runs last, after timing (`run_kernel_audit`): a
-  profiler session can leave CUPTI attached to the process (the workers ask Kineto to detach it, but
-  a torch that ignores the request would not), and every later launch would then pay microseconds
-  of callback overhead, which event timing of a short kernel counts.
-- ghost probe (always): perturbing an input must change the output as it changes the reference's.
-Global state and new threads are checked after every stage by the pipeline.
+- op audit (`disallowed_ops`, own kernels required: cute, cuda): one forward under a
+  TorchDispatchMode; any aten op other than allocation and views fails.
+- kernel audit (`audit_kernels`, own kernels required, on CUDA): a profiled forward must launch the
+  candidate's own kernels and no library (cuBLAS/cuDNN/aten compute) kernels. It runs last, after
+  timing: a profiler session can leave CUPTI attached to the process (the workers ask Kineto to
+  detach it, but a torch that ignores the request would not), and every later launch would then pay
+  microseconds of callback overhead, which event timing of a short kernel counts.
+- ghost probe (every backend): perturbing an input must change the output as it changes the
+  reference's.
+Global state and new threads are checked after every stage by the pipeline, for every backend.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cutegen.records import CheckResult, to_json
+from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
+from cutegen.records import CheckResult
+
+# Where each dynamic check applies (one set of checks, each says where; the static ones are in
+# checks_static.STATIC_CHECK_BACKENDS). The audits enforce "the candidate's own kernels do the work",
+# which a torch candidate is allowed not to do; the probe catches a cheat any backend could try.
+DYNAMIC_CHECK_BACKENDS: dict[str, frozenset[str]] = {
+    "disallowed_ops": OWN_KERNEL_BACKENDS,
+    "audit_kernels": OWN_KERNEL_BACKENDS,
+    "ghost_probe": frozenset(BACKENDS),
+}
 
 
-def run_dynamic_checks(model: Any, ref_model: Any, inputs: list[Any], device: Any, backend: str,
-                       hooks: Any, tol: float) -> dict[str, Any]:
-    """In the worker: raw observations of the dynamic checks on one set of inputs."""
-    import torch
-
-    from cutegen.evaluate import checks_dynamic as dyn
-    from cutegen.evaluate.correctness import to_device
-
-    def forward(*xs: Any) -> Any:
-        with torch.no_grad():
-            return model(*xs)
-
-    def run_candidate(*xs: Any) -> Any:
-        return forward(*to_device(list(xs), device))
-
-    def run_reference(*xs: Any) -> Any:
-        with torch.no_grad():
-            return ref_model(*to_device(list(xs), device))
-
-    result: dict[str, Any] = {}
-    args = to_device(inputs, device)
-    if backend == "cute":
-        with dyn.OpAudit() as audit:
-            forward(*args)
-        hooks.synchronize()
-        result["ops"] = sorted(set(audit.ops))
-        result["disallowed_ops"] = dyn.disallowed_ops(audit.ops, backend)
-    result["ghost"] = dyn.ghost_probe(run_candidate, run_reference, inputs, tol=tol)
-    return result
-
-
-def run_kernel_audit(model: Any, inputs: list[Any], device: Any) -> dict[str, Any]:
-    """In the worker, after timing: the kernels one forward launches (the parent asks for it with
-    backend cute on CUDA only)."""
-    import torch
-
-    from cutegen.evaluate import checks_dynamic as dyn
-    from cutegen.evaluate.correctness import to_device
-
-    def forward(*xs: Any) -> Any:
-        with torch.no_grad():
-            return model(*xs)
-
-    return {"kernels": to_json(dyn.audit_kernels(forward, to_device(inputs, device)))}
+def applies(check: str, backend: str) -> bool:
+    """Whether dynamic check `check` (a key of DYNAMIC_CHECK_BACKENDS) judges a `backend` candidate."""
+    return backend in DYNAMIC_CHECK_BACKENDS[check]
 
 
 def judge_dynamic_checks(data: dict[str, Any], backend: str) -> list[CheckResult]:
@@ -73,7 +44,7 @@ def judge_dynamic_checks(data: dict[str, Any], backend: str) -> list[CheckResult
         bad = data["disallowed_ops"]
         checks.append(CheckResult(
             "disallowed_ops", "anticheat", not bad,
-            f"forward ran torch compute ops {', '.join(bad[:8])}; with the cute backend only allocation and"
+            f"forward ran torch compute ops {', '.join(bad[:8])}; with the {backend} backend only allocation and"
             " view ops may run in torch, the computation must be in the candidate's own kernels" if bad
             else f"{len(data['ops'])} distinct aten ops, all allocation or views"))
     if data.get("kernels") is not None:

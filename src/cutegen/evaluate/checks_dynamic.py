@@ -24,13 +24,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
 from cutegen.errors import ConfigError
 from cutegen.evaluate.compare import flatten_outputs
 
 # ----------------------------------------------------------------------------------- op audit
 
-# aten ops a CuTe-backend forward may run: allocation (and zero/constant fills), and the copy that
-# `.contiguous()` makes. View ops are recognised from their schema (OpOverload.is_view) as well.
+# aten ops a forward that must compute in its own kernels (backends cute, cuda) may run: allocation (and
+# zero/constant fills), and the copy that `.contiguous()` makes. View ops are recognised from their
+# schema (OpOverload.is_view) as well.
 ALLOWED_ATEN_OPS = frozenset(
     {
         "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
@@ -82,13 +84,13 @@ def _is_view_op(namespace: str, name: str, overload: str) -> bool:
 def disallowed_ops(ops: Sequence[str], backend: str) -> list[str]:
     """The ops (distinct, first-seen order) that a forward of `backend` may not run.
 
-    "cute": everything except allocation, fills, `.contiguous()` copies and views; ops of other
-    namespaces too (a candidate's own kernels run through the project runtime, not the dispatcher).
-    "torch": nothing is flagged.
+    "cute" and "cuda" (own kernels required): everything except allocation, fills, `.contiguous()`
+    copies and views; ops of other namespaces too (a candidate's own kernels run through the project
+    runtime or a load_inline module, not the dispatcher). "torch": nothing is flagged.
     """
-    if backend not in ("cute", "torch"):
-        raise ConfigError(f"Unknown candidate backend {backend!r}.", "Use 'cute' or 'torch'.")
-    if backend == "torch":
+    if backend not in BACKENDS:
+        raise ConfigError(f"Unknown candidate backend {backend!r}.", f"Use one of {', '.join(BACKENDS)}.")
+    if backend not in OWN_KERNEL_BACKENDS:
         return []
     flagged: list[str] = []
     for op in ops:
@@ -149,8 +151,8 @@ def audit_kernels(fn: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, An
     mode switched off, a C++ extension calling cuBLAS), and "own" kernels that never run. Returns
     {"kernels": [...], "own_kernels": [...], "library_kernels": [...], "prep_kernels": [...],
     "skipped": None or why}; names are distinct, in launch order. The caller requires own_kernels to
-    be non-empty and library_kernels empty for the CuTe backend. Without CUDA nothing can be seen:
-    the lists are empty and "skipped" says so.
+    be non-empty and library_kernels empty where own kernels are required (backends cute, cuda).
+    Without CUDA nothing can be seen: the lists are empty and "skipped" says so.
     """
     result: dict[str, Any] = {"kernels": [], "own_kernels": [], "library_kernels": [],
                               "prep_kernels": [], "skipped": None}

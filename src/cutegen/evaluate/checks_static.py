@@ -13,8 +13,12 @@ reached through objects it cannot type): the dynamic checks (checks_dynamic: op 
 global-state snapshots) catch what gets past these. What these checks must never do is flag an honest
 kernel, so every rule errs towards silence where the AST leaves a doubt.
 
-`run_static_checks(source, backend=...)` runs them all; `check_forward_allowlist` and `check_uses_cute`
-apply to the "cute" backend only (a "torch" backend candidate may compute with PyTorch).
+`run_static_checks(source, backend=...)` runs every check that applies to the backend: one set of
+checks, and `STATIC_CHECK_BACKENDS` says where each applies. The "own kernels" checks
+(`check_forward_allowlist`, `check_has_kernel_source`) apply to the backends whose compute must run in
+the candidate's own kernels (cute, cuda), `check_uses_cute` to cute alone (with cuda, CuTe is allowed
+but not required), every other check to every backend (a "torch" candidate may compute with PyTorch,
+but not cheat).
 """
 
 from __future__ import annotations
@@ -26,16 +30,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
 from cutegen.errors import ConfigError
 from cutegen.records import Finding
 
-BACKENDS = ("cute", "torch")
-
 # ------------------------------------------------------------------------------------ allow lists
 
-# What ModelNew.forward may call in the torch namespace with the CuTe backend. Allocation includes
-# zero/one/constant fills: split-K and atomic reductions need a zeroed output, and a constant output
-# only passes a degenerate task, which the trivial-solution probe reports separately.
+# What ModelNew.forward may call in the torch namespace when own kernels are required (backends cute
+# and cuda). Allocation includes zero/one/constant fills: split-K and atomic reductions need a zeroed
+# output, and a constant output only passes a degenerate task, which the trivial-solution probe
+# reports separately.
 TORCH_ALLOWED_CALLS = frozenset(
     {
         # allocation
@@ -727,14 +731,14 @@ def _matches(dotted: str, names: frozenset[str] | tuple[str, ...]) -> bool:
 def check_forward_allowlist(tree: ast.Module) -> list[Finding]:
     """Defeats computing the answer with PyTorch instead of the candidate's own kernels.
 
-    With the CuTe backend, ModelNew.forward and every helper it reaches in the module may only
-    allocate (`torch.empty*`, `zeros`, `ones`, `full`, `new_*`), take views and layout copies
-    (`view`, `reshape`, `permute`, `contiguous`...), query shapes, dtypes, devices and pointers, and
-    call the candidate's kernels. Flagged: calls into the torch namespace outside that list
-    (`torch.matmul`, `F.relu`, `torch.ops.aten.mm`), tensor compute methods (`x.sum()`,
-    `getattr(a, "__matmul__")(b)`), the `@` operator, calling a `torch.nn` module held by the model
-    (`self.linear(x)`), and any use of the reference `Model`. Other operators on tensors (`x * y`)
-    cannot be typed statically: the op audit catches them.
+    Where own kernels are required (backends cute and cuda), ModelNew.forward and every helper it
+    reaches in the module may only allocate (`torch.empty*`, `zeros`, `ones`, `full`, `new_*`), take
+    views and layout copies (`view`, `reshape`, `permute`, `contiguous`...), query shapes, dtypes,
+    devices and pointers, and call the candidate's kernels. Flagged: calls into the torch namespace
+    outside that list (`torch.matmul`, `F.relu`, `torch.ops.aten.mm`), tensor compute methods
+    (`x.sum()`, `getattr(a, "__matmul__")(b)`), the `@` operator, calling a `torch.nn` module held by
+    the model (`self.linear(x)`), and any use of the reference `Model`. Other operators on tensors
+    (`x * y`) cannot be typed statically: the op audit catches them.
     """
     facts = _facts(tree)
     name = "check_forward_allowlist"
@@ -752,9 +756,9 @@ def check_forward_allowlist(tree: ast.Module) -> list[Finding]:
         for node in _live_nodes(fn):
             problem = _forward_problem(node, scope)
             if problem:
-                findings.append(_finding(name, node, f"{where} {problem}. With the CuTe backend, forward may"
-                                         " only allocate outputs, take views and launch the candidate's own"
-                                         " kernels: do this computation in a CuTe kernel."))
+                findings.append(_finding(name, node, f"{where} {problem}. The candidate's own kernels must do"
+                                         " the computation: forward may only allocate outputs, take views and"
+                                         " launch them, so do this computation in a kernel of your own."))
     return _dedupe(findings)
 
 
@@ -1295,20 +1299,38 @@ CUTE_TENSOR_API = frozenset(
 )
 
 
-def check_uses_cute(tree: ast.Module) -> list[Finding]:
-    """Defeats a "CuTe" candidate that is plain CUDA (or no kernel at all) wearing a CuTe include.
+def check_has_kernel_source(tree: ast.Module) -> list[Finding]:
+    """Defeats a candidate that has no CUDA kernel of its own where the backend asks for one: a
+    forward of allocations and views that returns a constant or a precomputed answer, or compute in
+    another kernel language (a Triton kernel launched from Python) that the kernel audit would count
+    as the candidate's own, so that an ablation of the kernel language (CuTe against plain CUDA)
+    would measure something else.
 
-    Requires kernel C++ source in the module (a string with `__global__`), and at least one source
-    that uses CuTe tensors or layouts (`cute::make_tensor`, `local_tile`, `Layout`... qualified with
-    `cute::` or under `using namespace cute`) outside comments and string literals.
+    Requires kernel C++ source in the module: a string literal (or a concatenation of literals) with
+    `__global__` outside comments and string literals, as the cutegen runtime (`CuteKernel`) and
+    `load_inline` take it.
+    """
+    name = "check_has_kernel_source"
+    if any("__global__" in _cxx_tokens(text) for text, _ in _cxx_sources(tree)):
+        return []
+    return [_finding(name, None, "no CUDA kernel source (`__global__`) found in the candidate: write the kernels"
+                     " in CUDA C++ in a source string, built by cutegen.runtime.CuteKernel (or load_inline),"
+                     " and launch them from forward.")]
+
+
+def check_uses_cute(tree: ast.Module) -> list[Finding]:
+    """Defeats a "CuTe" candidate that is plain CUDA wearing a CuTe include (the CuTe ablation would
+    then compare plain CUDA with plain CUDA).
+
+    Requires at least one kernel source to use CuTe tensors or layouts (`cute::make_tensor`,
+    `local_tile`, `Layout`... qualified with `cute::` or under `using namespace cute`) outside comments
+    and string literals. A module with no kernel source at all is check_has_kernel_source's finding,
+    not this one's.
     """
     name = "check_uses_cute"
     sources = _cxx_sources(tree)
     tokens = [_cxx_tokens(text) for text, _ in sources]
-    if not any("__global__" in t for t in tokens):
-        return [_finding(name, None, "no CUDA kernel source (`__global__`) found in the candidate; the CuTe"
-                         " backend needs a kernel written with CuTe in a C++ source string.")]
-    if any(_uses_cute(t) for t in tokens):
+    if not any("__global__" in t for t in tokens) or any(_uses_cute(t) for t in tokens):
         return []
     node = sources[0][1] if sources else None
     return [_finding(name, node, "the kernel source does not use CuTe: build the kernel on CuTe tensors and"
@@ -1412,29 +1434,47 @@ STATIC_CHECKS: tuple[Callable[[ast.Module], list[Finding]], ...] = (
     check_no_patching,
     check_no_module_cache,
     check_no_dynamic_code,
+    check_has_kernel_source,
     check_uses_cute,
 )
-CUTE_ONLY_CHECKS = frozenset({"check_forward_allowlist", "check_uses_cute"})
+# Where each check applies (one set of checks, each says where): the "own kernels" checks to the
+# backends that require the candidate's own kernels, the CuTe check to cute alone (cuda accepts any
+# CUDA C++: plain, inline PTX or CuTe), every cheat a torch candidate could also try to all.
+STATIC_CHECK_BACKENDS: dict[str, frozenset[str]] = {
+    **{check.__name__: frozenset(BACKENDS) for check in STATIC_CHECKS},
+    "check_forward_allowlist": OWN_KERNEL_BACKENDS,
+    "check_has_kernel_source": OWN_KERNEL_BACKENDS,
+    "check_uses_cute": frozenset({"cute"}),
+}
 
 
-def run_static_checks(source: str, *, backend: str) -> tuple[Finding, ...]:
-    """Every static check that applies to `backend` ("cute": the candidate's own kernels must do the
-    work; "torch": PyTorch compute allowed), in a fixed order. A source that does not parse gives one
-    finding from "run_static_checks" with the line of the syntax error."""
+def check_backend(backend: str) -> None:
+    """Raise a ConfigError for a backend the checks do not know."""
     if backend not in BACKENDS:
         raise ConfigError(
             f"Unknown candidate backend {backend!r}.",
-            f"Use one of {', '.join(BACKENDS)}: 'cute' requires the candidate's own CuTe kernels,"
-            " 'torch' allows PyTorch compute in forward.",
+            f"Use one of {', '.join(BACKENDS)}: 'cute' requires the candidate's own kernels written with CuTe,"
+            " 'cuda' its own CUDA kernels (CuTe optional), 'torch' allows PyTorch compute in forward.",
         )
+
+
+def static_checks_for(backend: str) -> tuple[Callable[[ast.Module], list[Finding]], ...]:
+    """The static checks that apply to `backend`, in their fixed order."""
+    check_backend(backend)
+    return tuple(check for check in STATIC_CHECKS if backend in STATIC_CHECK_BACKENDS[check.__name__])
+
+
+def run_static_checks(source: str, *, backend: str) -> tuple[Finding, ...]:
+    """Every static check that applies to `backend` (STATIC_CHECK_BACKENDS), in a fixed order. A
+    source that does not parse gives one finding from "run_static_checks" with the line of the syntax
+    error."""
+    checks = static_checks_for(backend)
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
         return (Finding("run_static_checks", f"The candidate does not parse: {err.msg}.", err.lineno),)
     findings: list[Finding] = []
-    for check in STATIC_CHECKS:
-        if backend != "cute" and check.__name__ in CUTE_ONLY_CHECKS:
-            continue
+    for check in checks:
         try:
             findings.extend(check(tree))
         except RecursionError:

@@ -19,8 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cutegen.config import HALF_DTYPES, EvalConfig
+from cutegen.config import HALF_DTYPES, OWN_KERNEL_BACKENDS, EvalConfig
 from cutegen.errors import ConfigError, ToolchainError
+from cutegen.evaluate.anticheat import applies
 from cutegen.evaluate.verdict import Stop, VerdictBuilder, correct_feedback, crash_line, died_feedback, \
     error_failure, timing_feedback
 from cutegen.records import CheckResult, Finding, Task, Verdict
@@ -110,7 +111,7 @@ def _build_stage(run: VerdictBuilder, source: str, config: EvalConfig, service: 
     any candidate that declares some): a compile error or a build timeout is judged here, without
     the GPU; any other failure there is left to the candidate's worker, which imports and builds
     again where the device is."""
-    if config.backend == "torch" and "CuteKernel" not in source and "load_inline" not in source:
+    if config.backend not in OWN_KERNEL_BACKENDS and "CuteKernel" not in source and "load_inline" not in source:
         return
     run.stage = "build"
     started = time.perf_counter()
@@ -244,7 +245,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             # The kernel audit (own kernels required, on CUDA) profiles a forward, and CUPTI can stay
             # attached after a profiler session (see anticheat.py), so it runs after timing; it is
             # judged first, as it can void the timing.
-            if config.backend != "torch" and config.device == "cuda":
+            if applies("audit_kernels", config.backend) and config.device == "cuda":
                 run.stage = "anticheat"
                 _judge_anticheat(run, call("kernel_audit", _trial_payload(ref, 0)), config)
             if timing is not None:
@@ -433,7 +434,7 @@ def _judge_build(run: VerdictBuilder, data: dict[str, Any]) -> None:
     if not data["model_new"]:
         run.fail("model_new_missing", "The candidate defines no class ModelNew(nn.Module) at module level.")
     kernels = ", ".join(f"{k['name']} ({'cached' if k['cached'] else '%.1f s' % (k['compile_s'] or 0)})"
-                        for k in data["kernels"]) or "no CuTe kernels"
+                        for k in data["kernels"]) or "no cutegen runtime kernels"
     run.add(CheckResult("build", "build", True, kernels))
     _judge_integrity(run, data)
 

@@ -178,14 +178,15 @@ class CandidateSession:
         return to_json({"bitwise": bitwise, "errors": tight, **self._integrity()})
 
     def anticheat(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The op audit (backends that require own kernels): every aten op of one forward."""
+        """The op audit (where anticheat.DYNAMIC_CHECK_BACKENDS applies it): every aten op of one forward."""
         import torch
 
         from cutegen.evaluate import checks_dynamic as dyn
+        from cutegen.evaluate.anticheat import applies
 
         self.release()
         result: dict[str, Any] = {}
-        if self.job["backend"] != "torch":
+        if applies("disallowed_ops", self.job["backend"]):
             inputs = self._inputs(payload)
             with dyn.OpAudit() as audit, torch.no_grad():
                 self._model(payload["weight"])(*inputs)

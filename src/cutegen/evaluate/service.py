@@ -264,9 +264,10 @@ class Evaluator:
         evaluation stops where it needs the device) or when nothing is built (backend torch)."""
         from dataclasses import replace
 
+        from cutegen.config import OWN_KERNEL_BACKENDS
         from cutegen.runtime import normalize_arch
 
-        if config.device != "cuda" or config.backend == "torch" or config.runtime.arch:
+        if config.device != "cuda" or config.backend not in OWN_KERNEL_BACKENDS or config.runtime.arch:
             return config
         with self._cond:
             if self._arch is None:

@@ -1,5 +1,6 @@
 """From measured launches to a Profile: which kernels are the candidate's, the totals, the diagnosis,
-what it suggests in CuTe terms, and the short text a model reads (`profile_text`).
+what it suggests in the terms of the candidate's language (CuTe, or plain CUDA for the cuda backend:
+`TERMS`), and the short text a model reads (`profile_text`).
 
 Diagnosis (of the launch that takes the most time; the totals cover every launch):
 - launch-bound: all launches together run for less than LAUNCH_BOUND_S, about what one forward
@@ -26,6 +27,66 @@ MAX_SUGGESTIONS = 4
 MAX_KERNELS_SHOWN = 6
 # Kernels of PyTorch, cuBLAS and cuDNN: left out when the candidate's own kernels cannot be told by
 # their libraries (a load_inline candidate).
+# How a suggestion names a technique, in the language the candidate is asked for: CuTe's atoms and
+# layouts, or the plain-CUDA construct, so that an ablation of the language (cute against cuda) keeps
+# the advice alike and the language apart. Backends without an entry (torch) read the CuTe terms.
+TERMS: dict[str, dict[str, str]] = {
+    "cute": {
+        "register_tile": "a smaller per-thread tile (the TiledMMA value layout)",
+        "more_vectors": "more vectors per thread: a longer ITER mode in the thread-value layout",
+        "swizzle": "swizzle the smem layout (composition(Swizzle<B,M,S>{}, layout)) to remove bank conflicts, read"
+                   " with wider or ldmatrix copy atoms",
+        "wide_shared": "128-bit or ldmatrix copy atoms",
+        "wide_global": "128-bit copy atoms",
+        "tensor_unit": "a tensor-core MMA atom for matrix products",
+        "gmma_wait": "warpgroup_wait<N> with N > 0",
+        "vector_global": "128-bit copy atoms (Copy_Atom<UniversalCopy<uint128_t>, float>) on a thread-value layout"
+                         " that gives each thread",
+        "mma_peak": "the MMA atom's peak",
+        "fp32_route": "3xTF32 (SM80_16x8x8_F32TF32TF32F32_TN on big/small TF32 splits of each operand) keeps fp32"
+                      " accuracy",
+        "tf32_route": "a TF32 or half-precision MMA atom (SM80 mma.sync, SM90 GMMA)",
+        "tensor_lift": "a tensor-core TiledMMA lifts it",
+        "bank_fix": "swizzle the smem layout (composition(Swizzle<B,M,S>{}, layout), or a GMMA::Layout_*_SW128 atom)",
+        "wgmma_fix": "make the TiledMMA use the SM90 GMMA atom",
+        "wgmma_named": "uses wgmma (SM90 GMMA atoms)",
+        "mma_sync_named": "names mma.sync atoms (SM80_16x8x8... / SM75...)",
+        "fp32_mma_route": "3xTF32 (SM80_16x8x8_F32TF32TF32F32_TN on big/small splits of each operand) is the"
+                          " fp32-accurate tensor-core route",
+        "tf32_mma_route": "TF32 / half-precision MMA atoms (SM80 mma.sync or SM90 GMMA) would use them",
+        "unroll": "CUTE_UNROLL",
+    },
+    "cuda": {
+        "register_tile": "a smaller per-thread tile",
+        "more_vectors": "more vectors per thread, all loaded before the first is used",
+        "swizzle": "pad or XOR-swizzle the smem rows to remove bank conflicts, read with wider (128-bit) loads or"
+                   " ldmatrix",
+        "wide_shared": "128-bit loads or ldmatrix",
+        "wide_global": "128-bit float4 loads and stores",
+        "tensor_unit": "tensor cores (mma.sync, or wgmma on sm_90a) for matrix products",
+        "gmma_wait": "wgmma.wait_group N with N > 0",
+        "vector_global": "128-bit loads and stores (float4) that give each thread",
+        "mma_peak": "the tensor cores' peak",
+        "fp32_route": "3xTF32 (mma.sync.m16n8k8 .tf32 on big/small TF32 splits of each operand) keeps fp32 accuracy",
+        "tf32_route": "TF32 or half-precision mma.sync (or wgmma on sm_90a) through inline PTX",
+        "tensor_lift": "tensor cores lift it",
+        "bank_fix": "XOR-swizzle the smem column index",
+        "wgmma_fix": "check that the wgmma path is reached",
+        "wgmma_named": "uses wgmma",
+        "mma_sync_named": "uses mma.sync",
+        "fp32_mma_route": "3xTF32 (mma.sync.m16n8k8 .tf32 on big/small splits of each operand) is the fp32-accurate"
+                          " tensor-core route",
+        "tf32_mma_route": "TF32 / half-precision mma.sync (or wgmma on sm_90a) would use them",
+        "unroll": "#pragma unroll",
+    },
+}
+
+
+def terms(backend: str) -> dict[str, str]:
+    """The vocabulary of suggestions for `backend` (TERMS; CuTe's for a backend without its own)."""
+    return TERMS.get(backend, TERMS["cute"])
+
+
 FRAMEWORK_KERNEL = re.compile(r"^_ZN2at|\bat::|cublas|cudnn|^(?:void )?(?:sm\d+|ampere|volta|turing|hopper)_|xmma"
                               r"|cutlass_\d+|gemmSN|splitKreduce|elementwise_kernel|reduce_kernel", re.I)
 
@@ -111,12 +172,12 @@ def _mix_of(kernel: KernelProfile, mixes: Iterable[InstructionMix]) -> Instructi
     return next((m for m in mixes if m.function == kernel.name), None)
 
 
-def _occupancy_hint(k: KernelProfile) -> str | None:
+def _occupancy_hint(k: KernelProfile, t: dict[str, str]) -> str | None:
     if k.achieved_occupancy_pct is None or k.achieved_occupancy_pct >= LOW_OCCUPANCY_PCT or not k.occupancy_limiter:
         return None
     limit = f"{k.blocks_per_sm_limit:g} CTAs/SM" if k.blocks_per_sm_limit is not None else "few CTAs/SM"
-    remedy = {"registers": f"{k.registers_per_thread} registers/thread: a smaller per-thread tile (the TiledMMA"
-                           " value layout) or __launch_bounds__(threads, min_ctas) frees registers",
+    remedy = {"registers": f"{k.registers_per_thread} registers/thread: {t['register_tile']} or"
+                           " __launch_bounds__(threads, min_ctas) frees registers",
               "shared memory": "fewer pipeline stages or a smaller CTA tile (BLK_M/BLK_N/BLK_K) frees shared memory",
               "block size": "larger CTAs (more threads) or more CTAs per SM",
               }.get(k.occupancy_limiter, "more resident warps")
@@ -131,29 +192,30 @@ def _fill_hint(k: KernelProfile) -> str | None:
             " tiles or more CTAs (several per row, split-K for a GEMM).")
 
 
+# Each stall reason's hint, with the backend's TERMS filled in.
 _STALL_HINTS = {
     "long_scoreboard": "Warps wait on global memory (long_scoreboard): issue every load of a tile before using"
-                       " any (more vectors per thread: a longer ITER mode in the thread-value layout), or stage"
-                       " tiles with cp.async/TMA through a 2-4 stage shared-memory pipeline.",
+                       " any ({more_vectors}), or stage tiles with cp.async/TMA through a 2-4 stage shared-memory"
+                       " pipeline.",
     "barrier": "Warps wait at barriers: fewer __syncthreads (reduce within a warp with shuffles first; a"
                " producer/consumer pipeline on mbarriers instead of CTA-wide barriers).",
-    "short_scoreboard": "Warps wait on shared memory (short_scoreboard): swizzle the smem layout"
-                        " (composition(Swizzle<B,M,S>{}, layout)) to remove bank conflicts, read with wider or"
-                        " ldmatrix copy atoms, reuse each loaded value for more FMAs (a larger register tile).",
-    "mio_throttle": "The shared-memory/MIO queue is full (mio_throttle): fewer, wider shared accesses (128-bit"
-                    " or ldmatrix copy atoms) and a larger per-thread register tile.",
-    "lg_throttle": "The global load/store queue is full (lg_throttle): fewer, wider accesses (128-bit copy"
-                   " atoms) instead of many scalar ones.",
+    "short_scoreboard": "Warps wait on shared memory (short_scoreboard): {swizzle}, reuse each loaded value for"
+                        " more FMAs (a larger register tile).",
+    "mio_throttle": "The shared-memory/MIO queue is full (mio_throttle): fewer, wider shared accesses"
+                    " ({wide_shared}) and a larger per-thread register tile.",
+    "lg_throttle": "The global load/store queue is full (lg_throttle): fewer, wider accesses ({wide_global})"
+                   " instead of many scalar ones.",
     "math_pipe_throttle": "A math pipe is saturated (math_pipe_throttle): balance FMA against ALU work or move"
-                          " the arithmetic to a faster unit (a tensor-core MMA atom for matrix products).",
+                          " the arithmetic to a faster unit ({tensor_unit}).",
     "wait": "Fixed-latency dependencies dominate (wait): more independent work per thread (unrolled loops,"
             " several values per thread) gives the scheduler something to issue.",
-    "gmma": "Warps wait for wgmma to finish (gmma): keep more MMAs in flight (warpgroup_wait<N> with N > 0, more"
-            " smem stages) so loads and MMAs overlap.",
+    "gmma": "Warps wait for wgmma to finish (gmma): keep more MMAs in flight ({gmma_wait}, more smem stages) so"
+            " loads and MMAs overlap.",
 }
 
 
-def _memory_hints(k: KernelProfile, mix: InstructionMix | None, sol_fraction: float | None) -> list[str]:
+def _memory_hints(k: KernelProfile, mix: InstructionMix | None, sol_fraction: float | None,
+                  t: dict[str, str]) -> list[str]:
     hints = []
     dram = k.dram_throughput_pct or 0.0
     if dram >= NEAR_PEAK_PCT or (sol_fraction is not None and sol_fraction >= NEAR_PEAK_PCT / 100):
@@ -161,8 +223,7 @@ def _memory_hints(k: KernelProfile, mix: InstructionMix | None, sol_fraction: fl
                      " allows; only moving fewer bytes helps (fuse neighbouring ops, read each input once, keep"
                      " intermediates in registers or shared memory).")
     if mix is not None and mix.global_loads and (mix.widest_global_load_bits or 0) < 128:
-        hints.append(f"Global loads are at most {mix.widest_global_load_bits}-bit: use 128-bit copy atoms"
-                     " (Copy_Atom<UniversalCopy<uint128_t>, float>) on a thread-value layout that gives each thread"
+        hints.append(f"Global loads are at most {mix.widest_global_load_bits}-bit: use {t['vector_global']}"
                      " 4 contiguous, 16-byte aligned floats, so a warp access is one contiguous 512-byte run.")
     if (k.memory_throughput_pct or 0.0) >= BOUND_PCT and dram < BOUND_PCT:
         hints.append("The busy memory unit is L1/L2 or shared memory, not DRAM: data is re-read from cache; load"
@@ -170,26 +231,27 @@ def _memory_hints(k: KernelProfile, mix: InstructionMix | None, sol_fraction: fl
     return hints
 
 
-def _compute_hints(k: KernelProfile, mix: InstructionMix | None, workload_class: str | None, track: str) -> list[str]:
+def _compute_hints(k: KernelProfile, mix: InstructionMix | None, workload_class: str | None, track: str,
+                   t: dict[str, str]) -> list[str]:
     hints = []
     if k.tensor_pipe_pct is not None and k.tensor_pipe_pct >= BOUND_PCT:
-        hints.append(f"The tensor pipe is at {k.tensor_pipe_pct:.0f}%: near the MMA atom's peak; larger CTA tiles"
+        hints.append(f"The tensor pipe is at {k.tensor_pipe_pct:.0f}%: near {t['mma_peak']}; larger CTA tiles"
                      " (more MMAs per loaded byte) or a cheaper epilogue are what is left.")
     elif mix is not None and mix.tensor_core == 0 and workload_class in ("gemm", "conv", "attention"):
-        atom = ("3xTF32 (SM80_16x8x8_F32TF32TF32F32_TN on big/small TF32 splits of each operand) keeps fp32"
-                " accuracy" if track == "fp32" else "a TF32 or half-precision MMA atom (SM80 mma.sync, SM90 GMMA)")
+        atom = t["fp32_route"] if track == "fp32" else t["tf32_route"]
         hints.append(f"FFMA on CUDA cores is the ceiling (FMA pipe {_pct(k.fma_pipe_pct)}, ~67 TFLOP/s on H100/H200):"
-                     f" a tensor-core TiledMMA lifts it; {atom}.")
+                     f" {t['tensor_lift']}; {atom}.")
     if k.shared_bank_conflicts:
-        hints.append(f"{k.shared_bank_conflicts:.3g} shared-memory bank conflicts: swizzle the smem layout"
-                     " (composition(Swizzle<B,M,S>{}, layout), or a GMMA::Layout_*_SW128 atom) or pad its"
+        hints.append(f"{k.shared_bank_conflicts:.3g} shared-memory bank conflicts: {t['bank_fix']} or pad its"
                      " leading dimension.")
     return hints
 
 
 def suggest(kernels: tuple[KernelProfile, ...], diagnosis: str | None, mixes: tuple[InstructionMix, ...],
-            workload_class: str | None, track: str, sol_fraction: float | None) -> tuple[str, ...]:
-    """What to try next, in CuTe terms, most specific first (at most MAX_SUGGESTIONS)."""
+            workload_class: str | None, track: str, sol_fraction: float | None,
+            backend: str = "cute") -> tuple[str, ...]:
+    """What to try next, in the backend's terms (TERMS), most specific first (at most MAX_SUGGESTIONS)."""
+    t = terms(backend)
     k = _dominant(kernels)
     if k is None or diagnosis is None:
         return ()
@@ -200,16 +262,16 @@ def suggest(kernels: tuple[KernelProfile, ...], diagnosis: str | None, mixes: tu
     mix = _mix_of(k, mixes)
     hints: list[str] = []
     if diagnosis == "memory-bound":
-        hints += _memory_hints(k, mix, sol_fraction)
+        hints += _memory_hints(k, mix, sol_fraction, t)
     elif diagnosis == "compute-bound":
-        hints += _compute_hints(k, mix, workload_class, track)
-    hints += [h for h in (_fill_hint(k), _occupancy_hint(k)) if h]
+        hints += _compute_hints(k, mix, workload_class, track, t)
+    hints += [h for h in (_fill_hint(k), _occupancy_hint(k, t)) if h]
     near_peak = diagnosis == "memory-bound" and hints and hints[0].startswith("DRAM runs")
     for stall in k.stalls[:2]:
         if stall.reason in _STALL_HINTS and not near_peak:
-            hints.append(_STALL_HINTS[stall.reason])
+            hints.append(_STALL_HINTS[stall.reason].format(**t))
     if diagnosis == "latency-bound" and k.shared_bank_conflicts:
-        hints += _compute_hints(k, None, None, track)[-1:]
+        hints += _compute_hints(k, None, None, track, t)[-1:]
     return tuple(dict.fromkeys(hints))[:MAX_SUGGESTIONS]
 
 
@@ -220,7 +282,7 @@ def build_profile(launches: list[Launch], *, task_id: str, candidate_sha256: str
                   device_name: str | None, mixes: tuple[InstructionMix, ...], findings: tuple[str, ...],
                   other_kernels: tuple[str, ...], names: dict[str, str], workload_class: str | None, track: str,
                   sol_bound_s: float | None, metrics_missing: tuple[str, ...] = (),
-                  wall_s: float | None = None) -> Profile:
+                  wall_s: float | None = None, backend: str = "cute") -> Profile:
     """The Profile of the candidate's own launches (`launches`); `names` maps symbols to short names."""
     kernels = tuple(kernel_profile(launch, names.get(launch.kernel_name)) for launch in launches)
     durations = [k.duration_s for k in kernels]
@@ -236,7 +298,7 @@ def build_profile(launches: list[Launch], *, task_id: str, candidate_sha256: str
         instruction_mix=mixes, total_duration_s=total_s, total_dram_bytes=total_bytes,
         dram_bytes_per_s=total_bytes / total_s if total_bytes is not None and total_s else None,
         sol_bound_s=sol_bound_s, sol_fraction=fraction, diagnosis=diagnosis, reasons=reasons,
-        suggestions=suggest(kernels, diagnosis, mixes, workload_class, track, fraction), findings=findings,
+        suggestions=suggest(kernels, diagnosis, mixes, workload_class, track, fraction, backend), findings=findings,
         other_kernels=other_kernels, metrics_missing=metrics_missing, wall_s=wall_s,
     )
 

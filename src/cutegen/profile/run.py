@@ -319,16 +319,17 @@ def interpret(collected: Collected, source: str, task: Task, config: ProfileConf
     if not own:
         raise ProfileUnavailable("no_kernels", "None of the profiled kernels is the candidate's own"
                                  f" (profiled: {', '.join(others) or 'none'}).",
-                                 "Launch the candidate's CuTe kernels from forward.")
+                                 "Launch the candidate's own kernels from forward.")
     mixes, mix_error = instruction_mixes(config, libraries)
     trace = trace_task(task)
-    findings = mix_findings(mixes, source, trace.workload_class, eval_config.track) + ((mix_error,) if mix_error else ())
+    findings = mix_findings(mixes, source, trace.workload_class, eval_config.track, eval_config.backend) + (
+        (mix_error,) if mix_error else ())
     names = demangle(sorted({launch.kernel_name for launch in own} | {m.function for m in mixes}))
     return build_profile(own, task_id=task.task_id, candidate_sha256=source_sha256(source), tool=collected.tool,
                          device_name=collected.meta.get("device_name"), mixes=mixes, findings=findings,
                          other_kernels=tuple(others), names=names, workload_class=trace.workload_class,
                          track=eval_config.track, sol_bound_s=sol_bound_s(trace, eval_config, collected.meta),
-                         metrics_missing=collected.metrics_missing, wall_s=wall_s)
+                         metrics_missing=collected.metrics_missing, wall_s=wall_s, backend=eval_config.backend)
 
 
 def profile_candidate(candidate_path: Path, task: Task, config: ProfileConfig, eval_config: EvalConfig,

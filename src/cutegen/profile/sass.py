@@ -102,30 +102,32 @@ def run_cuobjdump(cuobjdump: str, library: Path, timeout_s: float) -> str:
 
 
 def mix_findings(mixes: tuple[InstructionMix, ...], source: str, workload_class: str | None,
-                 track: str) -> tuple[str, ...]:
-    """Warnings about the compiled code that a model should act on (empty when nothing is off)."""
+                 track: str, backend: str = "cute") -> tuple[str, ...]:
+    """Warnings about the compiled code that a model should act on (empty when nothing is off), in the
+    backend's terms (diagnose.TERMS)."""
+    from cutegen.profile.diagnose import terms
+
     if not mixes:
         return ()
+    t = terms(backend)
     findings = []
     hgmma = sum(m.hgmma for m in mixes)
     warp_mma = sum(m.hmma + m.other_mma for m in mixes)
     if WGMMA_INTENT.search(source) and hgmma == 0:
-        findings.append("The source uses wgmma (SM90 GMMA atoms) but the SASS has no HGMMA instruction: the"
+        findings.append(f"The source {t['wgmma_named']} but the SASS has no HGMMA instruction: the"
                         " wgmma path was compiled away (plain sm_90 instead of sm_90a does this silently) or"
-                        " is never reached. Build for sm_90a and make the TiledMMA use the SM90 GMMA atom.")
+                        f" is never reached. Build for sm_90a and {t['wgmma_fix']}.")
     if MMA_SYNC_INTENT.search(source) and warp_mma == 0:
-        findings.append("The source names mma.sync atoms (SM80_16x8x8... / SM75...) but the SASS has no HMMA:"
+        findings.append(f"The source {t['mma_sync_named']} but the SASS has no HMMA:"
                         " the tensor-core path is compiled out or never instantiated.")
     if workload_class in ("gemm", "conv", "attention") and hgmma + warp_mma == 0:
         ffma = sum(m.ffma for m in mixes)
-        route = ("3xTF32 (SM80_16x8x8_F32TF32TF32F32_TN on big/small splits of each operand) is the"
-                 " fp32-accurate tensor-core route" if track == "fp32" else
-                 "TF32 / half-precision MMA atoms (SM80 mma.sync or SM90 GMMA) would use them")
+        route = t["fp32_mma_route"] if track == "fp32" else t["tf32_mma_route"]
         findings.append(f"No tensor-core instruction in the code (FFMA only: {ffma} FFMA): this {workload_class}"
                         f" runs on CUDA cores; {route}.")
     spills = sum(m.local_memory for m in mixes)
     if spills:
         findings.append(f"{spills} local-memory instructions (LDL/STL): register spills or a run-time indexed"
-                        " local array; index register fragments with compile-time constants (CUTE_UNROLL) or"
+                        f" local array; index register fragments with compile-time constants ({t['unroll']}) or"
                         " shrink the per-thread tile.")
     return tuple(findings)
