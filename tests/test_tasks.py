@@ -110,6 +110,18 @@ def test_trace_of_example_tasks_matches_hand_counts(example_tasks):
     assert traces["linear_gelu"].anchor_op == "addmm"
 
 
+def test_tasks_traced_in_threads_at_once_leave_stdout_alone(example_tasks):
+    """The agent and the evaluation service trace tasks from several threads; the trace silences
+    stdout, which must be the same object afterwards (a lost sys.stdout dropped every later line)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks = load_tasks(example_tasks) * 8
+    before = sys.stdout
+    with ThreadPoolExecutor(6) as threads:
+        traces = list(threads.map(trace_task, tasks))
+    assert sys.stdout is before and all(t.error is None for t in traces)
+
+
 def test_trace_failure_is_recorded_not_raised(tmp_path):
     source = GOOD.replace("return torch.relu(x)", "return x * float(x.sum().item())")
     trace = trace_task(load_task(write(tmp_path, "t.py", source)))

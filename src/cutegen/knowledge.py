@@ -209,16 +209,14 @@ def select_knowledge(workload_class: str, aten_ops: Iterable[str] = (), *, dtype
 def task_dtypes(task: Any) -> tuple[str, ...]:
     """The floating dtypes of a task's inputs ("float32", "bfloat16"...), in first-seen order, found by
     calling its get_inputs() on the meta device (no memory, no compute); () when that fails."""
-    import contextlib
-    import io
-
     import torch
 
     from cutegen.tasks import task_module
+    from cutegen.trace import quiet_stdout
 
     try:
         module = task_module(task)
-        with contextlib.redirect_stdout(io.StringIO()), torch.device("meta"), torch.no_grad():
+        with quiet_stdout(), torch.device("meta"), torch.no_grad():
             inputs = module.get_inputs()
     except Exception:  # a task whose inputs cannot be built on meta: selection then ignores dtypes
         return ()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 from cutegen.errors import TaskError
 from cutegen.records import Task, TaskTrace
@@ -139,6 +140,19 @@ def trace_task(task: Task) -> TaskTrace:
         return TaskTrace((), None, None, None, None, "other", None, error=message)
 
 
+_QUIET = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """sys.stdout swallowed for the block, one block at a time: redirect_stdout swaps a process-wide
+    attribute, so two threads' blocks that overlap (tasks traced at once by the agent's and the
+    evaluation service's threads) can leave a StringIO there for good, and every later line of the
+    run is lost."""
+    with _QUIET, contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
 def _trace_module(module: Any) -> TaskTrace:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -152,8 +166,7 @@ def _trace_module(module: Any) -> TaskTrace:
             return func(*args, **(kwargs or {}))
 
     # The task may print or warn while building; keep the listing clean.
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), torch.device("meta"), \
-            torch.no_grad():
+    with quiet_stdout(), warnings.catch_warnings(), torch.device("meta"), torch.no_grad():
         warnings.simplefilter("ignore")
         init_inputs = module.get_init_inputs()
         model = module.Model(*init_inputs)

@@ -141,10 +141,7 @@ def _assigned_gpu(ray: Any) -> int:
     """The GPU Ray gave this actor, by its index on the node. Not 0: a worker is pinned with
     CUDA_VISIBLE_DEVICES set to its lane's index (worker.worker_environment), which replaces the
     actor's own, so the lane must hold the index Ray assigned."""
-    ids = [str(i) for i in ray.get_gpu_ids()]
-    if not ids:  # a custom resource standing in for a GPU: the node's first visible one
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        ids = [visible or "0"]
+    ids = [str(i) for i in ray.get_gpu_ids()] or ["0"]  # none: a custom resource stands in for a GPU
     if not ids[0].isdigit():
         raise ClusterError(f"Ray assigned GPU {ids[0]!r}, not an index.",
                            "Let Ray assign GPUs by index (do not set CUDA_VISIBLE_DEVICES to UUIDs on the nodes).")
@@ -242,12 +239,12 @@ class RayExecutor:
         actors = [_Actor(i, node.remote(*args)) for i in range(count)]
         try:
             infos = self.ray.get([a.handle.ready.remote() for a in actors], timeout=self.settings.start_timeout_s)
-        except self.ray.exceptions.GetTimeoutError:
+        except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError) as err:
             for actor in actors:
                 self.ray.kill(actor.handle, no_restart=True)
-            raise ClusterError(f"{count} evaluation actor(s) did not start within {self.settings.start_timeout_s:g} s.",
-                               "Check that cutegen is installed on every node (`pip install cutegen[ray]`) and"
-                               " that the nodes have the resources they announce.") from None
+            raise ClusterError(f"{count} evaluation actor(s) did not start within {self.settings.start_timeout_s:g} s:"
+                               f" {_first_line(err)}", "Check that cutegen is installed on every node (`pip install"
+                               " cutegen[ray]`) and that the nodes have the resources they announce.") from None
         for actor, info in zip(actors, infos):
             actor.where, actor.build_jobs = info["where"], info["build_jobs"]
         return actors
