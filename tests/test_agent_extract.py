@@ -56,3 +56,16 @@ def test_a_complete_module_before_the_cut_is_kept():
 def test_fenced_blocks_reports_an_open_fence():
     blocks, left_open = fenced_blocks("```python\na = 1\n```\n```python\nb = 2\n")
     assert blocks == [("python", "a = 1")] and left_open
+
+
+def test_the_idea_is_the_idea_line_else_the_first_sentence():
+    from cutegen.extract import idea_of
+
+    code = "```python\n# Idea: not this one, it is code\nclass ModelNew: ...\n```\n"
+    assert idea_of("Some context first.\n**Idea:** vectorise with float4 loads.\n\n" + code) == \
+        "vectorise with float4 loads."
+    assert idea_of("Swish is x * sigmoid(x); silu does it in one pass. The scale follows.\n\n" + code) == \
+        "Swish is x * sigmoid(x); silu does it in one pass."
+    assert idea_of("1. Tile the rows. 2. Vectorise.\n" + code) == "1. Tile the rows."
+    assert idea_of(code) is None
+    assert len(idea_of("Idea: " + "x" * 500)) == 200

@@ -20,7 +20,7 @@ PASSED = Verdict(task_id="swish_scale", candidate_sha256="c", track="fp32", back
 
 def optimize_context(**over):
     context = dict(COMMON, best_source="class ModelNew: ...", measurements=prompt.measurements(PASSED), round=1,
-                   rounds=5, history=[], profile_due=False, profile_text=None)
+                   rounds=5, history=[], profile_due=False, profile_text=None, rank=1, direction=None, in_flight=[])
     context.update(over)
     return context
 

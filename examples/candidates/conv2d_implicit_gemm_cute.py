@@ -208,7 +208,8 @@ extern "C" int conv2d(float const* x, float const* w, float const* bias, float* 
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   cudaError_t err = cudaFuncSetAttribute(conv2d_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  conv2d_kernel<<<dim3(unsigned(tiles)), kThreads, kSmemBytes, stream>>>(x, w, has_bias ? bias : nullptr, y, cs);
+  dim3 const grid{unsigned(tiles)};  // braces, not parentheses: `dim3 grid(unsigned(n));` would declare a function
+  conv2d_kernel<<<grid, kThreads, kSmemBytes, stream>>>(x, w, has_bias ? bias : nullptr, y, cs);
   return cudaGetLastError();
 }
 """

@@ -245,7 +245,8 @@ int launch(Element const* a, Element const* b, Element const* bias, Element* c,
   auto kernel = gemm_bf16_kernel<Cfg, kEpi, decltype(tma_a), decltype(tma_b)>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(tiles)), kThreads, Cfg::kSmemBytes, stream>>>(tma_a, tma_b, c, bias, M, N, K);
+  dim3 const grid{unsigned(tiles)};  // braces, not parentheses: `dim3 grid(unsigned(n));` would declare a function
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(tma_a, tma_b, c, bias, M, N, K);
   return cudaGetLastError();
 }
 

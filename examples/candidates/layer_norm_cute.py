@@ -194,7 +194,8 @@ layer_norm_apply_kernel(float const* __restrict__ x, float const* __restrict__ w
 template <int kVecs>
 void launch_rows(float const* x, float const* w, float const* b, float* y, int64_t rows, int cols, float eps,
                  cudaStream_t stream) {
-  layer_norm_rows_kernel<kVecs><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(x, w, b, y, cols, eps);
+  dim3 const grid{unsigned(rows)};  // one CTA per row; braces: `dim3 grid(unsigned(rows));` declares a function
+  layer_norm_rows_kernel<kVecs><<<grid, kThreads, 0, stream>>>(x, w, b, y, cols, eps);
 }
 
 }  // namespace layer_norm_impl

@@ -258,7 +258,8 @@ extern "C" int matmul_3xtf32(float const* a, float const* b, float* c, int64_t m
   cudaError_t err = cudaFuncSetAttribute(matmul_3xtf32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          kSmemBytes);
   if (err != cudaSuccess) return err;
-  matmul_3xtf32_kernel<<<dim3(unsigned(tiles)), kThreads, kSmemBytes, stream>>>(a, b, c, int(m), int(n), int(k));
+  dim3 const grid{unsigned(tiles)};  // braces, not parentheses: `dim3 grid(unsigned(n));` would declare a function
+  matmul_3xtf32_kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, b, c, int(m), int(n), int(k));
   return cudaGetLastError();
 }
 """

@@ -146,7 +146,7 @@ extern "C" int matmul(float const* a, float const* b, float* c, int64_t m, int64
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return cudaErrorInvalidValue;
   bool aligned = reinterpret_cast<uintptr_t>(b) % 16 == 0 && reinterpret_cast<uintptr_t>(c) % 16 == 0;
   if (!aligned) return cudaErrorInvalidValue;
-  dim3 grid(static_cast<unsigned>(m / kBlkM), static_cast<unsigned>(n / kBlkN));
+  dim3 const grid{unsigned(m / kBlkM), unsigned(n / kBlkN)};  // braces: a dim3 can never read as a function
   if (grid.y > 65535) return cudaErrorInvalidValue;
   matmul_kernel<<<grid, kThreads, 0, stream>>>(a, b, c, int(m), int(n), int(k));
   return cudaGetLastError();

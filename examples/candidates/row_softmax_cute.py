@@ -273,7 +273,8 @@ static_assert(regs_tile<512, 8> == kMaxRow, "the launcher's last register kernel
 
 template <int kRowThreads, int kVecs>
 void launch_regs(float const* x, float* y, int64_t rows, int cols, cudaStream_t stream) {
-  row_softmax_regs_kernel<kRowThreads, kVecs><<<dim3(unsigned(rows)), kRowThreads, 0, stream>>>(x, y, cols);
+  dim3 const grid{unsigned(rows)};  // one CTA per row; braces: `dim3 grid(unsigned(rows));` declares a function
+  row_softmax_regs_kernel<kRowThreads, kVecs><<<grid, kRowThreads, 0, stream>>>(x, y, cols);
 }
 
 }  // namespace row_softmax_impl
@@ -300,7 +301,7 @@ extern "C" int row_softmax(float const* x, float* y, int64_t rows, int64_t cols,
     else                              launch_regs<512, 8>(x, y, rows, c, stream);
     return cudaGetLastError();
   }
-  dim3 grid(static_cast<unsigned>(rows));  // one CTA per row
+  dim3 const grid{unsigned(rows)};  // one CTA per row (braces: a dim3 can never read as a function)
   if (aligned) {
     row_softmax_kernel<true><<<grid, kThreads, 0, stream>>>(x, y, int(cols));
   } else {

@@ -85,10 +85,11 @@ extern "C" int swish_scale(float const* x, float* y, int64_t n, float scale, cud
   int64_t blocks = (n + kTile - 1) / kTile;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  dim3 const grid{unsigned(blocks)};  // braces, not parentheses: `dim3 grid(unsigned(blocks));` declares a function
   if (aligned) {
-    swish_scale_kernel<true><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(x, y, n, scale);
+    swish_scale_kernel<true><<<grid, kThreads, 0, stream>>>(x, y, n, scale);
   } else {
-    swish_scale_kernel<false><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(x, y, n, scale);
+    swish_scale_kernel<false><<<grid, kThreads, 0, stream>>>(x, y, n, scale);
   }
   return cudaGetLastError();
 }

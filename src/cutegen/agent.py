@@ -1,4 +1,4 @@
-"""The agent: one evolving kernel per task, through generate, repair and optimize stages.
+"""The agent: a tree of kernels per task, grown through generate, repair and optimize stages.
 
 Per task (a coroutine; tasks run concurrently, model calls limited by a semaphore, evaluations
 handed to threads in front of the executor: this machine's evaluation service, which builds on the
@@ -11,11 +11,21 @@ such service per GPU of a Ray cluster; evaluate/executor.py):
         │                 correctness / anti-cheat -> repair_correctness)
         └── all N failed: generate again (up to G times) from scratch
 
-    optimize round r: ask for ONE optimization of the BEST correct kernel so far (not the latest),
-    with workload-class guidance, and with profile feedback once the schedule allows it
-    (none / immediate / delayed:K = withheld for the first K rounds); a failing result gets up to N
-    repairs; the round gains when the result is correct and faster than the best by `min_gain`, or by
-    the baseline's measured timing noise when that is larger.
+    optimize round r: ask for ONE optimization of a kept correct kernel (the BEST so far, not the
+    latest), with workload-class guidance, the ideas already tried on the task and their outcomes,
+    and profile feedback once the schedule allows it (none / immediate / delayed:K = withheld for the
+    first K rounds); a failing result gets up to N repairs; the round gains when the best kernel
+    became faster by `min_gain`, or by the baseline's measured timing noise when that is larger.
+
+Search (AgentConfig.search, config.SearchPolicy) is a policy over that tree, not another loop: a
+batch of plans runs side by side in lockstep (`_attempts`). `single` has one plan per batch;
+`best-of:N` asks N generations at once and keeps the best correct one; `beam:W,K` keeps the W best
+kernels and asks K proposals from each per round, each in a direction of its own (one short
+`directions` call per kept kernel lists K different ones) and told the directions in flight. Within a
+batch every call is asked in plan order (so request ids, step indices and replayed replies do not
+depend on timing), the evaluations overlap, and the passing results join the kept kernels in step
+order once all have finished. Each step records its parent candidate, the direction it was given and
+the idea the model says it tried (`Step`): the journal holds the tree.
 
     A task stops when its rounds are done, after `patience` rounds without gain, when the best kernel
     reaches `target_sol_fraction` of its speed-of-light bound, or when the run's budget (model calls,
@@ -26,8 +36,9 @@ Resume is replay. The state machine is deterministic given the model's replies a
 both are in the journal: a resumed run walks the same path from the start, taking each reply from the
 journal (keyed by request hash) and each verdict from it (keyed by candidate, task and evaluation
 settings), so no recorded model call and no finished evaluation is repeated. The budget is checked
-only before new spending. An evaluation the executor had to send again (its cluster node died) is
-journaled as `evaluate_retry`; it still gives one step.
+only before new spending; calls in flight count as spent, so a batch stops at the call limit exactly.
+An evaluation the executor had to send again (its cluster node died) is journaled as
+`evaluate_retry`; it still gives one step.
 
 Exit statuses of a session (`Agent.run`, and the `cutegen optimize` / `cutegen resume` commands):
     0   every task finished (see the report for which found a correct kernel);
@@ -53,7 +64,7 @@ from typing import Any, Callable
 from cutegen import prompt
 from cutegen.config import AgentConfig, EvalConfig, profiling_delay
 from cutegen.errors import TaskError
-from cutegen.extract import BadReply, extract_candidate
+from cutegen.extract import BadReply, extract_candidate, idea_of
 from cutegen.journal import Journal, eval_key, from_json
 from cutegen.knowledge import pitfalls_for
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
@@ -76,18 +87,50 @@ class _Halt(Exception):
         super().__init__(f"{status}: {reason}")
 
 
+_PRESSING = ("needs_gpu", "waiting", "done")  # which halt of a batch ends the task (module docstring)
+
+
+def _most_pressing(halts: list[_Halt]) -> _Halt:
+    return min(halts, key=lambda halt: _PRESSING.index(halt.status))
+
+
 @dataclass
 class _Result:
-    """What one step produced (a candidate and its verdict, or why there was none)."""
+    """What one step produced (a candidate and its verdict, or why there was none, or the halt met)."""
 
     candidate: Candidate | None
     verdict: Verdict | None
     bad_reply: str | None
     improved: bool = False
+    index: int | None = None  # the step's index within the task
+    idea: str | None = None  # the model's one-line summary of its change
+    halt: _Halt | None = None
 
     @property
     def passed(self) -> bool:
         return self.verdict is not None and self.verdict.passed
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One line of work in a batch: a stage asked from a kept kernel (None: from scratch)."""
+
+    stage: str  # "generate", "optimize" or "directions"
+    parent: _Result | None = None
+    direction: str | None = None
+    in_flight: tuple[str, ...] = ()  # the directions of the other proposals of the round
+    label: str = ""  # where the idea memory places it: ", proposal 2 of 4 (from 1a2b3c4d)"
+
+
+@dataclass
+class _Attempt:
+    """A plan, its own reply and its repairs so far."""
+
+    plan: _Plan
+    first: _Result  # the plan's own reply: its idea
+    last: _Result  # the latest step: the passing one, or the last failure
+    subject: _Result | None = None  # the latest candidate, which a repair fixes (None: no code yet)
+    repairs: int = 0
 
 
 @dataclass
@@ -95,16 +138,22 @@ class _TaskState:
     task: Task
     trace: dict
     knowledge: str
-    steps: int = 0
+    tolerances: tuple = ()  # (output dtype, tolerance) pairs for the system prompt
+    steps: int = 0  # steps made (recorded or replayed)
+    next_index: int = 0  # index of the next step: given when its call is asked, so batch order
     calls: int = 0
     round: int = 0
     no_gain: int = 0
-    best: _Result | None = None
-    history: list[str] = field(default_factory=list)
+    beam: list[_Result] = field(default_factory=list)  # the kept correct kernels, the best first
+    ideas: list[str] = field(default_factory=list)  # ideas tried and their outcomes, oldest first
     profile_due: bool = False  # the current optimize round shows the profile block
     profile: str | None = None  # its text (None: no profiler, the block says so)
     activity: str = "queued"
     halt: _Halt | None = None
+
+    @property
+    def best(self) -> _Result | None:
+        return self.beam[0] if self.beam else None
 
 
 class Agent:
@@ -116,12 +165,15 @@ class Agent:
         on_progress: Progress | None = None, on_step: StepDone | None = None,
     ) -> None:
         self.journal, self.provider, self.cfg, self.eval_config = journal, provider, config, eval_config
+        self.policy = config.policy
         self.profiler = profiler
         self.gpu_available = gpu_available or (lambda: self.executor.device_available())
         # Where evaluations run (evaluate/executor.py); None: this machine's service, one per run.
         self.executor = executor
         self.on_progress, self.on_step = on_progress, on_step
         self.states: dict[str, _TaskState] = {}
+        self._calls_in_flight = 0  # new model calls asked and not yet recorded: spent for the budget
+        self._evaluations: dict[str, asyncio.Future] = {}  # this session's evaluations by key: one per candidate
 
     async def run(self, tasks: list[Task]) -> int:
         """Advance every task as far as it can go; the exit status (module docstring)."""
@@ -132,8 +184,9 @@ class Agent:
 
             self.executor = LocalExecutor(self.eval_config)
         # Threads in front of the executor: more than its GPU lanes, so that candidates build in its CPU
-        # pools while another holds a GPU.
-        self._threads = ThreadPoolExecutor(max_workers=max(1, min(len(tasks), self.executor.slots)))
+        # pools while another holds a GPU; a batch of side-by-side proposals needs one each.
+        in_flight = len(tasks) * self.policy.parallel
+        self._threads = ThreadPoolExecutor(max_workers=max(1, min(in_flight, self.executor.slots)))
         try:
             halts = await asyncio.gather(*(self._run_task(task) for task in tasks))
         finally:
@@ -167,9 +220,8 @@ class Agent:
 
     async def _reach_correct(self, st: _TaskState) -> None:
         for _ in range(self.cfg.generations):
-            result = await self._attempt(st, "generate")
-            if result is not None:
-                st.best = result
+            await self._attempts(st, [_Plan("generate")] * self.policy.starts)
+            if st.beam:
                 return
         raise _Halt("done", f"no correct kernel after {self.cfg.generations} generation(s)"
                             f" with {self.cfg.repairs} repair(s) each")
@@ -180,28 +232,101 @@ class Agent:
             st.round += 1
             st.profile_due = _profile_due(self.cfg.profiling, st.round)
             st.profile = await self._profile(st) if st.profile_due else None
-            result = await self._attempt(st, "optimize")
-            if result is not None and result.improved:
-                st.best, st.no_gain = result, 0
-            else:
-                st.no_gain += 1
-            st.history.append(_round_summary(st.round, result))
+            best = st.best
+            attempts = await self._attempts(st, await self._proposals(st))
+            st.no_gain = 0 if st.best is not best else st.no_gain + 1
+            st.ideas.extend(f"round {st.round}{a.plan.label}: {self._outcome(st, a)} — idea: "
+                            f"{a.first.idea or '(not stated)'}" for a in attempts)
 
-    async def _attempt(self, st: _TaskState, stage: str) -> _Result | None:
-        """A new candidate from `stage` and up to N repairs of it: the first that passes, or None."""
-        result = await self._step(st, stage, self._context(st, stage))
-        subject = result if result.candidate is not None else None
-        for attempt in range(1, self.cfg.repairs + 1):
-            if result.passed:
-                return result
-            note = result.bad_reply
-            if subject is None:  # no code to repair yet: ask again, saying why the reply was unusable
-                result = await self._step(st, stage, self._context(st, stage, note=note))
+    async def _proposals(self, st: _TaskState) -> list[_Plan]:
+        """The round's plans: K proposals from each kept kernel. With K > 1 each gets a direction of its
+        own (from one short `directions` call per kept kernel, side by side) and the others' directions."""
+        parents, k = list(st.beam), self.policy.proposals
+        directions = await self._directions(st, parents) if k > 1 else [[] for _ in parents]
+        everyone = [d for listed in directions for d in listed]
+        total, plans = len(parents) * k, []
+        for parent, listed in zip(parents, directions):
+            origin = f" (from {parent.candidate.sha256[:8]})" if len(parents) > 1 else ""
+            for j in range(k):
+                mine = listed[j] if j < len(listed) else None
+                label = f", proposal {len(plans) + 1} of {total}{origin}" if total > 1 else ""
+                plans.append(_Plan("optimize", parent, mine, tuple(d for d in everyone if d != mine), label))
+        return plans
+
+    async def _directions(self, st: _TaskState, parents: list[_Result]) -> list[list[str]]:
+        """K different directions for each kept kernel, most promising first (fewer when the reply lists
+        fewer: those proposals choose their own). No candidate comes of it, so no step is recorded."""
+        requests = [self._request(st, "directions", self._context(st, "directions", _Plan("directions", parent)))
+                    for parent in parents]
+        replies = await self._gather([self._call(st, request) for request in requests])
+        return [prompt.parse_directions(reply.text, self.policy.proposals) for reply, _, _ in replies]
+
+    async def _attempts(self, st: _TaskState, plans: list[_Plan]) -> list[_Attempt]:
+        """Each plan's new candidate and up to N repairs of it, the plans side by side in lockstep (each
+        batch of calls asked in plan order). The passing results join the kept kernels in step order;
+        then a halt met by any plan ends the task (the others' paid replies judged first)."""
+        firsts = await self._batch(st, [(p.stage, self._context(st, p.stage, p), p.parent, p.direction)
+                                        for p in plans])
+        attempts = [_Attempt(p, r, r, r if r.candidate else None) for p, r in zip(plans, firsts)]
+        for number in range(1, self.cfg.repairs + 1):
+            needy = [a for a in attempts if not a.last.passed and a.last.halt is None]
+            if not needy:
+                break
+            for a, result in zip(needy, await self._batch(st, [self._retry(st, a, number) for a in needy])):
+                if a.subject is None:  # asked again from scratch: this reply is the plan's own
+                    a.first = result
+                a.last, a.repairs = result, number
+                a.subject = result if result.candidate is not None else a.subject
+        self._admit(st, sorted((a.last for a in attempts if a.last.passed), key=lambda r: r.index))
+        halts = [a.last.halt for a in attempts if a.last.halt is not None]
+        if halts:
+            raise _most_pressing(halts)
+        return attempts
+
+    def _retry(self, st: _TaskState, a: _Attempt, number: int) -> tuple:
+        """The next call of a failed attempt: the plan asked again, saying why its reply was unusable,
+        when there is no code yet; else a repair of the latest candidate."""
+        note = a.last.bad_reply
+        if a.subject is None:
+            return a.plan.stage, self._context(st, a.plan.stage, a.plan, note), a.plan.parent, a.plan.direction
+        repair = prompt.repair_stage(a.subject.verdict)
+        return repair, self._repair_context(st, a.subject, number, note), a.subject, None
+
+    def _admit(self, st: _TaskState, results: list[_Result]) -> None:
+        """Passing results join the kept kernels, in step order: one faster than the best by the
+        required gain becomes the best; another takes a free place, or the slowest's place when faster
+        than it by that gain. Single and best-of keep one kernel: today's "replace the best if faster"."""
+        for result in results:
+            if any(kept.candidate.sha256 == result.candidate.sha256 for kept in st.beam):
+                continue
+            if not st.beam or faster(result.verdict, st.beam[0].verdict, self.cfg.min_gain):
+                st.beam.insert(0, result)
+            elif len(st.beam) < self.policy.width or faster(result.verdict, st.beam[-1].verdict, self.cfg.min_gain):
+                st.beam.append(result)
             else:
-                repair = prompt.repair_stage(subject.verdict)
-                result = await self._step(st, repair, self._repair_context(st, subject, attempt, note))
-            subject = result if result.candidate is not None else subject
-        return result if result.passed else None
+                continue
+            st.beam[1:] = sorted(st.beam[1:], key=_median_ms)
+            del st.beam[self.policy.width:]
+
+    def _outcome(self, st: _TaskState, a: _Attempt) -> str:
+        """What became of an idea, in the words of the idea memory."""
+        last, after = a.last, f" after {a.repairs} repair(s)" if a.repairs else ""
+        if last.passed:
+            ratio = _speed_ratio(a.plan.parent.verdict, last.verdict)
+            speed = f"{ratio:.2f}x the speed of its starting kernel; " if ratio else ""
+            kept = "kept by the search" if any(k is last for k in st.beam) else "discarded"
+            if last is st.best:
+                verdict = "new best"
+            elif last.improved:  # beat the best it started from, but a sibling of its round beat it
+                verdict = f"faster than the best, but another proposal was faster ({kept})"
+            else:
+                verdict = f"correct but not faster than the best ({kept})"
+            return f"{verdict}{after}: {speed}{prompt.measurements(last.verdict).rstrip('.')}"
+        if last.verdict is None:
+            return f"no usable reply{after}" + (f": {last.bad_reply}" if last.bad_reply else "")
+        kind = {"build": "build error", "correctness": "wrong results"}.get(last.verdict.stage,
+                                                                          f"rejected at {last.verdict.stage}")
+        return f"{kind}{after}" + (f" ({last.verdict.failure})" if last.verdict.failure else "")
 
     def _check_finished(self, st: _TaskState) -> None:
         best = st.best.verdict
@@ -214,66 +339,104 @@ class Agent:
 
     # ------------------------------------------------------------------------------ one step
 
-    async def _step(self, st: _TaskState, stage: str, context: dict) -> _Result:
-        messages = prompt.messages(stage, backend=self.eval_config.backend, track=self.eval_config.track, **context)
+    async def _batch(self, st: _TaskState, asks: list[tuple]) -> list[_Result]:
+        """(stage, context, parent, direction) steps side by side; each call is asked (and its step
+        index given) in list order before any reply is awaited."""
+        return await self._gather([self._step(st, *ask) for ask in asks])
+
+    async def _gather(self, coroutines: list) -> list:
+        """Run side by side until every one has finished (a paid reply is recorded, a started
+        evaluation ends); then a halt, the most pressing first, or another error, is raised."""
+        outcomes = await asyncio.gather(*coroutines, return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        bugs = [e for e in errors if not isinstance(e, _Halt)]
+        if bugs:
+            raise bugs[0]
+        if errors:
+            raise _most_pressing(errors)
+        return outcomes
+
+    def _request(self, st: _TaskState, stage: str, context: dict) -> Request:
+        messages = prompt.messages(stage, backend=self.eval_config.backend, track=self.eval_config.track,
+                                   tolerances=st.tolerances, **context)
         request = Request(messages, self.cfg.max_tokens, st.task.task_id, stage, st.calls)
         st.calls += 1
+        return request
+
+    async def _step(self, st: _TaskState, stage: str, context: dict, parent: _Result | None = None,
+                    direction: str | None = None) -> _Result:
+        request = self._request(st, stage, context)
+        index, st.next_index = st.next_index, st.next_index + 1
         st.activity = f"{stage} (round {st.round})" if st.round else stage
         self._progress(st)
-        reply, prompt_path, reply_path = await self._call(st, request)
-        index, st.steps = st.steps, st.steps + 1
-        step = dict(task_id=st.task.task_id, index=index, stage=stage, round=st.round,
-                    request_sha256=reply.request_sha256, prompt_path=prompt_path, reply_path=reply_path,
-                    profile_shown=bool(context.get("profile_due")))
         try:
-            candidate = extract_candidate(reply.text, truncated=reply.truncated)
-        except BadReply as bad:
-            self._record(Step(**step, candidate_sha256=None, candidate_path=None, bad_reply=bad.reason,
-                              verdict=None, eval_key=None))
-            return _Result(None, None, bad.reason)
-        verdict, key, path = await self._evaluate(st, candidate)
-        improved = verdict.passed and (st.best is None or _faster(verdict, st.best.verdict, self.cfg.min_gain))
+            reply, prompt_path, reply_path = await self._call(st, request)
+            st.steps += 1
+            idea = idea_of(reply.text)
+            step = dict(task_id=st.task.task_id, index=index, stage=stage, round=st.round,
+                        request_sha256=reply.request_sha256, prompt_path=prompt_path, reply_path=reply_path,
+                        profile_shown=bool(context.get("profile_due")), idea=idea, direction=direction,
+                        parent_sha256=parent.candidate.sha256 if parent and parent.candidate else None)
+            try:
+                candidate = extract_candidate(reply.text, truncated=reply.truncated)
+            except BadReply as bad:
+                self._record(Step(**step, candidate_sha256=None, candidate_path=None, bad_reply=bad.reason,
+                                  verdict=None, eval_key=None))
+                return _Result(None, None, bad.reason, index=index, idea=idea)
+            verdict, key, path = await self._evaluate(st, candidate)
+        except _Halt as halt:
+            return _Result(None, None, None, index=index, halt=halt)
+        # Against the best the batch started from: the batch's results join the kept kernels together.
+        improved = verdict.passed and (st.best is None or faster(verdict, st.best.verdict, self.cfg.min_gain))
         log_path = self.journal.put_text("logs", verdict.log_tail, ".txt") if verdict.log_tail else None
         self._record(Step(**step, candidate_sha256=candidate.sha256, candidate_path=path, bad_reply=None,
                           verdict=verdict, eval_key=key, improved=improved, log_path=log_path))
-        return _Result(candidate, verdict, None, improved)
+        return _Result(candidate, verdict, None, improved, index=index, idea=idea)
 
     async def _call(self, st: _TaskState, request: Request) -> tuple[Reply, str, str | None]:
         """The reply to `request`: from the journal when recorded, else from the provider."""
         rid = request_sha256(request, self.provider.model_id)
         prompt_path = self.journal.put_text("prompts", json.dumps(to_json(request.messages), indent=1), ".json")
-        record = self.journal.reply(rid)
-        if record is None:
-            self._check_budget()
+        record = self.journal.reply(rid) or await self._new_call(st, request, rid, prompt_path)
+        if record.get("error"):
+            raise _Halt("done", f"provider error: {record['error']}")
+        return from_json(Reply, record["reply"]), prompt_path, record["reply_path"]
+
+    async def _new_call(self, st: _TaskState, request: Request, rid: str, prompt_path: str) -> dict:
+        """Ask the provider (when the budget allows) and record the reply before anything else."""
+        self._check_budget()
+        self._calls_in_flight += 1  # counted before the await: the next call of a batch sees it
+        try:
             try:
                 async with self._calls:
                     reply = await self.provider.complete(request)
             except ReplyPending as pending:
                 raise _Halt("waiting", f"waiting for reply file {pending.path.name}") from None
             except ProviderError as err:
-                record = self.journal.append("reply", task_id=st.task.task_id, stage=request.stage, seq=request.seq,
-                                             request_sha256=rid, prompt_path=prompt_path, reply_path=None,
-                                             reply=None, error=str(err))
-            else:
-                reply_path = self.journal.put_text("replies", reply.text, ".md")
-                record = self.journal.append("reply", task_id=st.task.task_id, stage=request.stage, seq=request.seq,
-                                             request_sha256=rid, prompt_path=prompt_path, reply_path=reply_path,
-                                             reply=reply, error=None)
-        if record.get("error"):
-            raise _Halt("done", f"provider error: {record['error']}")
-        return from_json(Reply, record["reply"]), prompt_path, record["reply_path"]
+                return self.journal.append("reply", task_id=st.task.task_id, stage=request.stage, seq=request.seq,
+                                           request_sha256=rid, prompt_path=prompt_path, reply_path=None,
+                                           reply=None, error=str(err))
+            reply_path = self.journal.put_text("replies", reply.text, ".md")
+            return self.journal.append("reply", task_id=st.task.task_id, stage=request.stage, seq=request.seq,
+                                       request_sha256=rid, prompt_path=prompt_path, reply_path=reply_path,
+                                       reply=reply, error=None)
+        finally:
+            self._calls_in_flight -= 1
 
     async def _evaluate(self, st: _TaskState, candidate: Candidate) -> tuple[Verdict, str, str]:
-        """The verdict on `candidate`: from the journal when this evaluation finished before."""
+        """The verdict on `candidate`: from the journal when this evaluation finished before, shared
+        with a batch sibling that gave the same candidate."""
         key = eval_key(candidate.sha256, st.task.source_sha256, self.eval_config)
         path = self.journal.put_text("candidates", candidate.source, ".py", sha256=candidate.sha256)
         verdict = self.journal.verdict(key)
         if verdict is None:
-            self._check_budget(only="GPU seconds")  # the reply is paid for: judge it unless the GPU budget is spent
-            st.activity = f"evaluating (round {st.round})" if st.round else "evaluating"
-            self._progress(st)
-            verdict = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self._evaluate_recorded, key, candidate, path, st.task)
+            if key not in self._evaluations:
+                self._check_budget(only="GPU seconds")  # the reply is paid for: judge it unless the GPU budget is spent
+                st.activity = f"evaluating (round {st.round})" if st.round else "evaluating"
+                self._progress(st)
+                self._evaluations[key] = asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._evaluate_recorded, key, candidate, path, st.task)
+            verdict = await self._evaluations[key]
             if verdict is None:
                 raise _Halt("needs_gpu", f"a built candidate waits for a GPU (backend {self.eval_config.backend},"
                                          f" device {self.eval_config.device})")
@@ -306,9 +469,10 @@ class Agent:
                 self.on_step(step)
 
     def _check_budget(self, only: str | None = None) -> None:
-        """Before new spending: stop the task when a run-wide limit is reached."""
+        """Before new spending: stop the task when a run-wide limit is reached (calls asked and not yet
+        answered count as spent; tokens, dollars and GPU seconds count when recorded)."""
         budget, spent = self.cfg.budget, self.journal.totals()
-        limits = (("model calls", budget.llm_calls, spent["llm_calls"]),
+        limits = (("model calls", budget.llm_calls, spent["llm_calls"] + self._calls_in_flight),
                   ("tokens", budget.tokens, spent["input_tokens"] + spent["output_tokens"]),
                   ("dollars", budget.usd, spent["cost_usd"]), ("GPU seconds", budget.gpu_s, spent["gpu_s"]),
                   ("wall seconds", budget.wall_s, spent["wall_s"]))
@@ -318,19 +482,21 @@ class Agent:
 
     # ------------------------------------------------------------------------------ prompts
 
-    def _context(self, st: _TaskState, stage: str, note: str | None = None) -> dict:
+    def _context(self, st: _TaskState, stage: str, plan: _Plan | None = None, note: str | None = None) -> dict:
         context = {"task_id": st.task.task_id, "reference_source": st.task.source.strip(),
                    "knowledge": st.knowledge, "note": note, **st.trace}
-        if stage == "optimize":
-            context.update(best_source=st.best.candidate.source.strip(),
-                           measurements=prompt.measurements(st.best.verdict), round=st.round,
-                           rounds=self.cfg.rounds, history=list(st.history), profile_due=st.profile_due,
-                           profile_text=st.profile)
+        if stage in ("optimize", "directions"):
+            parent = plan.parent
+            rank = next(i for i, kept in enumerate(st.beam, 1) if kept is parent)
+            context.update(best_source=parent.candidate.source.strip(),
+                           measurements=prompt.measurements(parent.verdict), round=st.round, rounds=self.cfg.rounds, history=_recent(st.ideas),
+                           profile_due=st.profile_due and rank == 1, profile_text=st.profile, rank=rank,
+                           direction=plan.direction, in_flight=list(plan.in_flight), count=self.policy.proposals)
         return context
 
     def _repair_context(self, st: _TaskState, subject: _Result, attempt: int, note: str | None) -> dict:
         verdict = subject.verdict
-        return {**self._context(st, "repair", note), "candidate_source": subject.candidate.source.strip(),
+        return {**self._context(st, "repair", note=note), "candidate_source": subject.candidate.source.strip(),
                 "feedback": verdict.feedback.strip() or "(no details)", "failure": verdict.failure,
                 "failed_stage": verdict.stage, "attempt": attempt, "max_attempts": self.cfg.repairs,
                 # Known causes of the compiler messages in the feedback, from the pack's pitfalls.
@@ -368,7 +534,8 @@ class Agent:
         knowledge = select_knowledge(trace["workload_class"], trace["aten_ops"], dtypes=task_dtypes(task),
                                      track=self.eval_config.track, folder=self.cfg.knowledge_dir,
                                      backend=self.eval_config.backend)
-        return _TaskState(task=task, trace=trace, knowledge=knowledge)
+        tolerances = prompt.tolerances(self.eval_config, tuple(trace["output_dtypes"]))
+        return _TaskState(task=task, trace=trace, knowledge=knowledge, tolerances=tolerances)
 
     def result(self, task_id: str) -> TaskResult:
         """Where a task stands now, with what it has cost."""
@@ -406,7 +573,7 @@ def required_gain(new: Verdict, best: Verdict, min_gain: float) -> float:
     return max(min_gain, noise)
 
 
-def _faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
+def faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
     """`new` beats `best` by more than `required_gain` (relative), by median time, else by eager speedup."""
     gain = required_gain(new, best, min_gain)
     if new.timing is not None and best.timing is not None:
@@ -416,9 +583,23 @@ def _faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
     return False
 
 
-def _round_summary(round_number: int, result: _Result | None) -> str:
-    if result is None:
-        return f"round {round_number}: no correct kernel came out of it (the best was kept)"
-    measured = prompt.measurements(result.verdict).rstrip(".")
-    verdict = "new best" if result.improved else "correct but not faster than the best (discarded)"
-    return f"round {round_number}: {verdict}; {measured}"
+def _median_ms(result: _Result) -> float:
+    timing = result.verdict.timing
+    return timing.median_ms if timing is not None else float("inf")
+
+
+def _speed_ratio(parent: Verdict, child: Verdict) -> float | None:
+    """How many times faster `child` runs than `parent` (< 1: slower); None when either is untimed."""
+    if parent.timing is None or child.timing is None or child.timing.median_ms <= 0:
+        return None
+    return parent.timing.median_ms / child.timing.median_ms
+
+
+IDEAS_SHOWN = 40  # the idea memory a prompt carries: the latest ones (a long beam search tries many)
+
+
+def _recent(ideas: list[str]) -> list[str]:
+    if len(ideas) <= IDEAS_SHOWN:
+        return list(ideas)
+    return [f"({len(ideas) - IDEAS_SHOWN} earlier idea(s) not shown)"] + ideas[-IDEAS_SHOWN:]
+

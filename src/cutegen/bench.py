@@ -227,14 +227,50 @@ def result_from_verdict(task: Task, verdict: Verdict | None, *, sample_id: int |
 # ------------------------------------------------------------------------------ results of an agent run
 
 
-def trajectory(steps: list[Step]) -> tuple[TrajectoryPoint, ...]:
-    """Speedup by step, with the best kernel's speedup after each step."""
-    points, best = [], None
+def best_flags(steps: list[Step], min_gain: float) -> list[bool]:
+    """Which steps became the task's best, as the agent decided it: passing candidates in step order,
+    each taking over when faster than the best so far by the required gain (agent.faster). Steps of a
+    batch may each be `improved` (faster than the best the batch started from); one wins."""
+    from cutegen.agent import faster
+
+    flags, best = [], None
     for step in steps:
+        passed = step.verdict is not None and step.verdict.passed
+        wins = passed and (best is None or faster(step.verdict, best, min_gain))
+        flags.append(wins)
+        best = step.verdict if wins else best
+    return flags
+
+
+def spending(journal: Any, task_id: str) -> dict[int, tuple[int, float]]:
+    """(model calls, GPU seconds) the task had spent when each of its steps was recorded, by step
+    index: calls of any stage (directions too) and the GPU time of evaluations and profiles so far."""
+    calls, gpu, spent, judged = 0, 0.0, {}, set()
+    for record in journal.records:
+        if record.get("task_id") != task_id:
+            continue
+        if record["kind"] == "reply":
+            calls += 1
+        elif record["kind"] == "profile":
+            gpu += record.get("gpu_s") or 0.0
+        elif record["kind"] == "step":
+            if record.get("eval_key") not in judged:  # a repeated candidate reuses its verdict
+                gpu += (record.get("verdict") or {}).get("gpu_s") or 0.0
+                judged.add(record.get("eval_key"))
+            spent[record["index"]] = (calls, round(gpu, 3))
+    return spent
+
+
+def trajectory(steps: list[Step], min_gain: float = 0.02,
+               spent: dict[int, tuple[int, float]] | None = None) -> tuple[TrajectoryPoint, ...]:
+    """Speedup by step, with the best kernel's speedup after each step, the search tree (each step's
+    candidate and parent) and what had been spent when it was recorded."""
+    points, best = [], None
+    for step, became_best in zip(steps, best_flags(steps, min_gain)):
         verdict = step.verdict
         passed = verdict is not None and verdict.passed
         speedup = verdict.speedup_vs_eager if passed else None
-        if step.improved:
+        if became_best:
             best = speedup
         if step.bad_reply is not None or verdict is None:
             outcome = "unusable reply"
@@ -242,18 +278,57 @@ def trajectory(steps: list[Step]) -> tuple[TrajectoryPoint, ...]:
             outcome = "passed"
         else:
             outcome = f"failed at {verdict.stage}" + (f": {verdict.failure}" if verdict.failure else "")
+        calls, gpu = (spent or {}).get(step.index, (None, None))
         points.append(TrajectoryPoint(index=step.index, stage=step.stage, round=step.round, passed=passed,
                                       speedup_vs_eager=speedup, best_speedup_vs_eager=best,
-                                      profile_shown=step.profile_shown, improved=step.improved, outcome=outcome))
+                                      profile_shown=step.profile_shown, improved=became_best, outcome=outcome,
+                                      candidate_sha256=step.candidate_sha256, parent_sha256=step.parent_sha256,
+                                      idea=step.idea, llm_calls=calls, gpu_s=gpu))
     return tuple(points)
 
 
+def search_tree(points: tuple[TrajectoryPoint, ...]) -> list[tuple[int, TrajectoryPoint]]:
+    """The steps as a tree, depth first, as (depth, point): a step hangs under the first step that
+    gave its parent candidate (an optimization under the kernel it started from, a repair under the
+    candidate it fixes); generations are roots."""
+    first_of: dict[str, int] = {}
+    for p in points:
+        if p.candidate_sha256 and p.candidate_sha256 not in first_of:
+            first_of[p.candidate_sha256] = p.index
+    children: dict[int | None, list[TrajectoryPoint]] = {}
+    for p in points:
+        parent = first_of.get(p.parent_sha256) if p.parent_sha256 else None
+        children.setdefault(parent if parent != p.index else None, []).append(p)
+    ordered: list[tuple[int, TrajectoryPoint]] = []
+
+    def walk(key: int | None, depth: int) -> None:
+        for child in children.get(key, []):
+            ordered.append((depth, child))
+            walk(child.index, depth + 1)
+
+    walk(None, 0)
+    return ordered
+
+
+def budget_curve(points: tuple[TrajectoryPoint, ...], field: str) -> list[tuple[float, float]]:
+    """(spent, best speedup vs eager reached) each time the best improved, `field` being "llm_calls" or
+    "gpu_s"; [] when the run did not record spending."""
+    timed = sorted((getattr(p, field), p.speedup_vs_eager) for p in points
+                   if p.improved and p.speedup_vs_eager and getattr(p, field) is not None)
+    curve: list[tuple[float, float]] = []
+    for spent, speedup in timed:
+        if not curve or speedup > curve[-1][1]:
+            curve.append((float(spent), speedup))
+    return curve
+
+
 def agent_task_result(journal: Any, task: Task) -> BenchTaskResult:
-    """One task of an agent run: its best kernel (the last step that improved), how far its candidates
+    """One task of an agent run: its best kernel (the fold of `best_flags`), how far its candidates
     got, what it cost, and its trajectory."""
     steps = journal.steps(task.task_id)
+    min_gain = float(journal.run_record()["agent"].get("min_gain", 0.02))
     verdicts = [s.verdict for s in steps if s.verdict is not None]
-    best_step = next((s for s in reversed(steps) if s.improved and s.verdict is not None and s.verdict.passed), None)
+    best_step = next((s for s, won in reversed(list(zip(steps, best_flags(steps, min_gain)))) if won), None)
     best = best_step.verdict if best_step else None
     stage, failure = _furthest(verdicts)
     if not steps:
@@ -271,7 +346,7 @@ def agent_task_result(journal: Any, task: Task) -> BenchTaskResult:
         stop_reason=end.get("reason") if end else None, steps=len(steps), rounds=max((s.round for s in steps), default=0),
         llm_calls=int(spent["llm_calls"]), input_tokens=int(spent["input_tokens"]),
         output_tokens=int(spent["output_tokens"]), cost_usd=float(spent["cost_usd"]), gpu_s=float(spent["gpu_s"]),
-        trajectory=trajectory(steps),
+        trajectory=trajectory(steps, min_gain, spending(journal, task.task_id)),
     )
 
 

@@ -94,6 +94,9 @@ class AgentConfig:
     `max_tokens`: the reply limit of each call; `concurrency`: model calls in flight at once.
     `knowledge_dir`: a folder of workload-class notes (`<class>.md`, `common.md`); None = the pack built
     in for the evaluation backend (knowledge.PACKS).
+    `search`: how the tree of candidates is grown (`search_policy`): "single" (one kernel at a time),
+    "best-of:N" (N generations side by side, the best correct kept) or "beam:W,K" (each round, K
+    proposals from each of the W best kernels, side by side, the W best kept).
     """
 
     rounds: int = 5
@@ -107,6 +110,7 @@ class AgentConfig:
     concurrency: int = 4
     budget: Budget = field(default_factory=Budget)
     knowledge_dir: Path | None = None
+    search: str = "single"
 
     def __post_init__(self) -> None:
         from cutegen.errors import ConfigError
@@ -118,6 +122,52 @@ class AgentConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"Agent setting {name}={getattr(self, name)} is below 1.", f"Give {name} >= 1.")
         profiling_delay(self.profiling)  # raises ConfigError when malformed
+        search_policy(self.search)  # idem
+
+    @property
+    def policy(self) -> SearchPolicy:
+        return search_policy(self.search)
+
+
+@dataclass(frozen=True)
+class SearchPolicy:
+    """A search strategy as the agent runs it: a policy over the tree of candidates in the journal.
+
+    `starts`: generations asked side by side while a task has no correct kernel (the best correct
+    one is kept). `width`: kernels kept after each optimization round (the beam). `proposals`:
+    optimization proposals asked from each kept kernel per round, each in its own direction.
+    """
+
+    starts: int = 1
+    width: int = 1
+    proposals: int = 1
+
+    @property
+    def parallel(self) -> int:
+        """The most candidates one task has in flight at once."""
+        return max(self.starts, self.width * self.proposals)
+
+
+SEARCH_HELP = ("Use single (one kernel refined round by round), best-of:N (N generations side by side, e.g."
+               " best-of:4) or beam:W,K (K proposals from each of the W best kernels per round, e.g. beam:2,3).")
+
+
+def search_policy(text: str) -> SearchPolicy:
+    """"single" -> (1, 1, 1); "best-of:N" -> (N, 1, 1); "beam:W,K" -> (1, W, K). ConfigError otherwise."""
+    from cutegen.errors import ConfigError
+
+    kind, _, args = text.strip().lower().partition(":")
+    numbers = [a.strip() for a in args.split(",")] if args else []
+    arity = {"single": 0, "best-of": 1, "beam": 2}.get(kind)
+    if arity is None or len(numbers) != arity or not all(n.isdigit() and int(n) >= 1 for n in numbers):
+        raise ConfigError(f"Search strategy {text!r} is not understood (whole numbers of 1 or more are needed).",
+                          SEARCH_HELP)
+    values = [int(n) for n in numbers]
+    if kind == "best-of":
+        return SearchPolicy(starts=values[0])
+    if kind == "beam":
+        return SearchPolicy(width=values[0], proposals=values[1])
+    return SearchPolicy()
 
 
 def profiling_delay(schedule: str) -> int | None:

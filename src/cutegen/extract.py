@@ -1,5 +1,8 @@
 """The candidate source in a model's reply.
 
+`idea_of` reads the model's one-line summary of what it tried (the `Idea:` line the optimize prompt
+asks for, else the first sentence of its prose), for the agent's memory of tried ideas.
+
 The candidate is the LAST fenced Python block (```python, ```py or an unlabelled fence) that defines
 `ModelNew` at module level: models often show a snippet or the reference first and the full module
 last. A reply that gives no usable candidate raises `BadReply` with a reason a model can act on; the
@@ -77,3 +80,38 @@ def extract_candidate(text: str, *, truncated: bool = False) -> Candidate:
     if not any(isinstance(node, ast.ClassDef) and node.name == "ModelNew" for node in tree.body):
         raise BadReply("`ModelNew` must be a class defined at module level of the code block, not nested.")
     return Candidate(sha256=source_sha256(source), source=normalize_source(source))
+
+
+IDEA_CHARS = 200
+_IDEA_LINE = re.compile(r"^[\s>*_#-]*idea[*_]*\s*:[*_]*\s*(?P<text>\S.*)$", re.I)
+_SENTENCE_END = re.compile(r"(?<=[^\d\s][.!?])\s")  # not after a list number ("1. ")
+
+
+def prose_lines(text: str) -> list[str]:
+    """The reply's lines outside fenced code blocks (an unclosed fence hides the rest)."""
+    lines, inside = [], False
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if _OPEN.match(line):  # an opening or a closing fence
+            inside = not inside
+            continue
+        if not inside:
+            lines.append(line)
+    return lines
+
+
+def idea_of(text: str) -> str | None:
+    """The one-line summary of a reply's change: its `Idea: ...` line, else the first sentence of the
+    prose before its code, shortened to IDEA_CHARS; None when the reply has no prose."""
+    lines = prose_lines(text)
+    for line in lines:
+        match = _IDEA_LINE.match(line)
+        if match:
+            return _shorten(match.group("text"))
+    before_code = text.replace("\r\n", "\n").split("```")[0]
+    prose = " ".join(before_code.split())
+    return _shorten(_SENTENCE_END.split(prose, maxsplit=1)[0]) if prose else None
+
+
+def _shorten(text: str) -> str:
+    text = " ".join(text.replace("**", "").split()).strip()
+    return text if len(text) <= IDEA_CHARS else text[: IDEA_CHARS - 1].rstrip() + "…"

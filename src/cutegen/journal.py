@@ -15,10 +15,12 @@ copied to another machine and resumed there):
 
 Record kinds: `run` (first line: settings and tasks), `session` (each start or resume), `reply`
 (a model call returned: written before its candidate is evaluated, so a kill never repeats a paid
-call), `evaluate` (an evaluation started), `evaluate_retry` (an executor sent it again: the process
-or cluster node running it died; records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply,
-verdict), `profile` (profiler text of a kernel), `task_end` (why a task stopped), `exit` (a session
-ended, with its status).
+call; a `directions` call of a beam search has a reply and no step), `evaluate` (an evaluation
+started), `evaluate_retry` (an executor sent it again: the process or cluster node running it died;
+records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply, verdict, and its place
+in the search tree: parent candidate, direction, idea), `profile` (profiler text of a kernel),
+`task_end` (why a task stopped), `exit` (a session ended, with its status). Side-by-side steps are
+appended as their evaluations finish; their indices keep the order they were asked in.
 
 Each line is flushed and fsynced before the program goes on. A kill loses at most the record being
 written: a torn last line is cut off when the journal is opened again.
@@ -183,7 +185,10 @@ class Journal:
         return any(r["task_id"] == task_id and r["index"] == index for r in self.of_kind("step"))
 
     def steps(self, task_id: str | None = None) -> list[Step]:
-        return [from_json(Step, r) for r in self.of_kind("step") if task_id is None or r["task_id"] == task_id]
+        """Steps in journal order; a task's in index order (side-by-side steps are recorded as their
+        evaluations finish, not in the order they were asked)."""
+        steps = [from_json(Step, r) for r in self.of_kind("step") if task_id is None or r["task_id"] == task_id]
+        return sorted(steps, key=lambda step: step.index) if task_id is not None else steps
 
     def task_end(self, task_id: str) -> dict | None:
         """The latest `task_end` of a task (a resumed run with new settings may end it again)."""
@@ -195,7 +200,9 @@ class Journal:
     def totals(self, task_id: str | None = None) -> dict[str, float]:
         """What the run (or one task) has spent so far, from the records."""
         replies = [r["reply"] for r in self.replies(task_id) if r.get("reply")]
-        gpu = sum((s.verdict.gpu_s or 0.0) for s in self.steps(task_id) if s.verdict is not None)
+        # Once per evaluation: a step that repeats a judged candidate reuses its verdict, spending nothing.
+        judged = {s.eval_key: s.verdict.gpu_s or 0.0 for s in self.steps(task_id) if s.verdict is not None}
+        gpu = sum(judged.values())
         gpu += sum(r.get("gpu_s") or 0.0 for r in self.of_kind("profile") if task_id in (None, r["task_id"]))
         return {
             "llm_calls": len(self.replies(task_id)),
@@ -284,7 +291,9 @@ def load_run(journal: Journal) -> RunSetup:
 
 def write_outputs(journal: Journal, results: list) -> None:
     """best/<task>.py (a drop-in ModelNew per task), summary.json and report.md."""
+    from cutegen.bench import search_tree, trajectory
     from cutegen.prompt import render_template
+    from cutegen.report import tree_line
 
     setup = load_run(journal)
     for result in results:
@@ -300,5 +309,8 @@ def write_outputs(journal: Journal, results: list) -> None:
         "run_report.md.j2", setup=setup, results=results, totals=totals,
         steps={t.task_id: journal.steps(t.task_id) for t in setup.tasks},
         recorded=any(r.get("recorded") for r in replies), exits=journal.of_kind("exit"),
+        trees={t.task_id: [(depth, tree_line(point)) for depth, point in
+                           search_tree(trajectory(journal.steps(t.task_id), setup.agent.get("min_gain", 0.02)))]
+               for t in setup.tasks},
     )
     (journal.run_dir / "report.md").write_text(report, encoding="utf-8")

@@ -68,6 +68,7 @@ class TaskTrace:
     workload_class: str  # one of WORKLOAD_CLASSES
     anchor_op: str | None  # the op that defines the class (most FLOPs, else first compute op)
     error: str | None = None  # why the trace failed, when it did
+    output_dtypes: tuple[str, ...] = ()  # floating dtypes of the outputs ("float32", "bfloat16"), first seen first
 
     @property
     def min_bytes(self) -> int | None:
@@ -256,7 +257,7 @@ class Request:
     messages: tuple[Message, ...]
     max_tokens: int
     task_id: str
-    stage: str  # "generate", "repair_build", "repair_correctness" or "optimize"
+    stage: str  # "generate", "repair_build", "repair_correctness", "optimize" or "directions"
     seq: int  # index of this call among the task's calls: 0, 1, 2...
 
 
@@ -290,7 +291,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Step:
-    """One agent step: a model call, the candidate it gave (or why none) and the verdict on it."""
+    """One agent step: a model call, the candidate it gave (or why none) and the verdict on it.
+
+    The steps of a task form its search tree: `parent_sha256` is the candidate the step started from
+    (the kernel an optimization was asked of, the candidate a repair fixes; None for a generation),
+    `idea` the model's own one-line summary of what it tried, `direction` the direction the prompt
+    assigned (side-by-side proposals only). Several steps of one batch may be `improved`: each beat
+    the best kernel the batch started from; the task's best is the fold of `bench.best_flags`.
+    """
 
     task_id: str
     index: int  # 0, 1, 2... within the task
@@ -305,8 +313,11 @@ class Step:
     verdict: Verdict | None
     eval_key: str | None  # sha256 of (candidate, task, evaluation config): the evaluation cache key
     profile_shown: bool  # the prompt carried the profile block
-    improved: bool = False  # this candidate became the task's best
+    improved: bool = False  # faster than the task's best when this step's batch began (single: the new best)
     log_path: str | None = None  # the evaluator's log tail (the verdict's log_tail is stored there)
+    parent_sha256: str | None = None
+    idea: str | None = None
+    direction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +357,13 @@ class TrajectoryPoint:
     profile_shown: bool  # the step's prompt carried profiler feedback
     improved: bool  # this step's candidate became the task's best
     outcome: str  # "passed", "failed at <stage>: <check>" or "unusable reply"
+    # The search tree and what had been spent on the task when the step was recorded (None in
+    # results written before cutegen recorded them).
+    candidate_sha256: str | None = None
+    parent_sha256: str | None = None
+    idea: str | None = None
+    llm_calls: int | None = None  # model calls of the task so far, this one included
+    gpu_s: float | None = None  # GPU seconds of the task so far (evaluations and profiles)
 
 
 @dataclass(frozen=True)

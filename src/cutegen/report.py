@@ -10,9 +10,14 @@ the project (evaluation, bench --evaluate) never needs it.
     fast_p        the fraction of tasks correct and faster than p, as p grows (both baselines)
     sol           fraction of the speed-of-light bound, tasks ranked (runs measured on a GPU)
     cost          dollars (or, for recorded replies, model calls) and GPU seconds per task
+    budget        per run (search strategy): the mean best speedup reached against the model calls
+                  and the GPU seconds spent per task, so a user can pick a budget
     trajectories  per task: speedup by agent step, best so far, markers for the stage of each step
                   (generate, repair, optimize), failed steps on the bottom band, and a star where
                   the prompt carried profiler feedback
+
+Besides the plots, each agent task's search tree (which proposal led where: a step under the
+candidate it started from, with its outcome and the idea the model said it tried) is listed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutegen.bench import fast_p, geomean, primary_results
+from cutegen.bench import budget_curve, fast_p, geomean, primary_results, search_tree
 from cutegen.records import BenchRun, BenchTaskResult, GroupSummary
 
 REPORT_MD = "bench-report.md"
@@ -79,7 +84,7 @@ def write_report(runs: list[BenchRun], out_dir: Path) -> tuple[Path, Path]:
     trajectories = trajectory_plots(series)
     for plot in plots + trajectories:
         (out_dir / PLOTS_DIR / f"{plot.name}.svg").write_text(plot.svg, encoding="utf-8")
-    context = _context(series, plots, trajectories)
+    context = {**_context(series, plots, trajectories), "trees": search_trees(series)}
     md_path, html_path = out_dir / REPORT_MD, out_dir / REPORT_HTML
     md_path.write_text(_render("report/report.md.j2", **context), encoding="utf-8")
     html_path.write_text(_render("report/report.html.j2", **context), encoding="utf-8")
@@ -210,8 +215,68 @@ def _plot(fig: Any, name: str, title: str, caption: str) -> Plot:
 
 def summary_plots(series: list[Series]) -> list[Plot]:
     plots = [speedup_plot(series), fast_p_plot(series), cost_plot(series)]
-    sol = sol_plot(series)
-    return plots + ([sol] if sol is not None else [])
+    optional = (sol_plot(series), budget_plot(series))
+    return plots + [plot for plot in optional if plot is not None]
+
+
+def search_trees(series: list[Series]) -> list[dict[str, Any]]:
+    """Each agent task's steps as a tree (`bench.search_tree`), one line of text per step."""
+    trees = []
+    for s in series:
+        for result in primary_results(s.run.results):
+            if result.trajectory:
+                lines = [(depth, tree_line(point)) for depth, point in search_tree(result.trajectory)]
+                trees.append({"task_id": result.task_id, "label": s.label, "color": s.color,
+                              "search": s.run.agent.get("search", "single"), "lines": lines})
+    return trees
+
+
+def tree_line(p: Any) -> str:
+    parts = [f"#{p.index} {p.stage}" + (f" (round {p.round})" if p.round else "")]
+    parts.append(f"{p.candidate_sha256[:8]}: {p.outcome}" if p.candidate_sha256 else p.outcome)
+    if p.speedup_vs_eager:
+        parts.append(f"{p.speedup_vs_eager:.3g}x eager")
+    if p.improved:
+        parts.append("new best")
+    text = ", ".join(parts)
+    return f"{text}. Idea: {p.idea}" if p.idea else text
+
+
+def budget_plot(series: list[Series]) -> Plot | None:
+    """Per run: the mean over its tasks of the best speedup vs eager reached within a budget of model
+    calls (left) or GPU seconds (right) per task, 0 until a task has a correct kernel; None when no
+    run recorded its spending."""
+    panels = (("llm_calls", "model calls per task"), ("gpu_s", "GPU seconds per task"))
+    drawn = False
+    fig = _figure(9.0, 3.2)
+    axes = fig.subplots(1, 2)
+    for ax, (field, label) in zip(axes, panels):
+        for s in series:
+            tasks = [r for r in primary_results(s.run.results) if r.trajectory]
+            curves = [budget_curve(r.trajectory, field) for r in tasks]
+            if not any(curves):
+                continue
+            end = max(getattr(r, field) or 0.0 for r in tasks)
+            xs = sorted({x for curve in curves for x, _ in curve} | {float(end)})
+            ys = [sum(_reached(curve, x) for curve in curves) / len(curves) for x in xs]
+            ax.step([0.0] + xs, [0.0] + ys, where="post", color=s.color, linewidth=1.6,
+                    label=f"{_short(s.label, 30)} ({s.run.agent.get('search', 'single')})")
+            drawn = True
+        ax.axhline(1.0, color="#555555", linewidth=0.8, linestyle=":")
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean best speedup vs eager")
+        ax.grid(alpha=0.3)
+    if not drawn:
+        return None
+    axes[0].legend(fontsize=7, loc="lower right")
+    return _plot(fig, "budget", "Best speedup against budget",
+                 "Mean over the tasks of the best speedup vs eager reached within a budget of model calls"
+                 " (left) or GPU seconds (right) spent on the task (0 until it has a correct kernel), one"
+                 " line per run and search strategy: where a line flattens, more budget bought little.")
+
+
+def _reached(curve: list[tuple[float, float]], spent: float) -> float:
+    return max((speedup for x, speedup in curve if x <= spent), default=0.0)
 
 
 def speedup_plot(series: list[Series]) -> Plot:

@@ -209,6 +209,8 @@ def _summarise(calls: list[Any], counter: Any, inputs: list, weights: list, outp
         output_bytes=_nbytes(outputs),
         workload_class=workload,
         anchor_op=anchor,
+        output_dtypes=tuple(dict.fromkeys(str(t.dtype).removeprefix("torch.") for t in outputs
+                                          if t.is_floating_point())),
     )
 
 

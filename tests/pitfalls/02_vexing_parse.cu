@@ -1,5 +1,5 @@
 // Pitfall: Most vexing parse of a dim3
-// Expect: no suitable constructor exists to convert from "dim3 (unsigned int, unsigned int)" to "dim3"
+// Expect: no suitable constructor exists to convert from "dim3 (
 #include <cstdint>
 #include <cuda_runtime.h>
 __global__ void fill_kernel(float* y) { y[blockIdx.y * gridDim.x + blockIdx.x] = 1.0f; }

@@ -45,6 +45,7 @@ def optimize_command(
     generations: opt.Generations = 3,
     patience: opt.Patience = 3,
     profiling: opt.Profiling = "delayed:2",
+    search: opt.Search = "single",
     target_sol: opt.TargetSol = 0.9,
     budget_usd: opt.BudgetUsd = None,
     budget_calls: opt.BudgetCalls = None,
@@ -73,7 +74,7 @@ def optimize_command(
                     wall_s=budget_wall_s)
     agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
-                               concurrency=concurrency, budget=budget)
+                               concurrency=concurrency, budget=budget, search=search)
     eval_config = _local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                      timing_trials=timing_trials, compile_baseline=compile_baseline)
     _check_unique(loaded)

@@ -44,6 +44,7 @@ def bench_command(
     generations: opt.Generations = 3,
     patience: opt.Patience = 3,
     profiling: opt.Profiling = "delayed:2",
+    search: opt.Search = "single",
     target_sol: opt.TargetSol = 0.9,
     budget_usd: opt.BudgetUsd = None,
     budget_calls: opt.BudgetCalls = None,
@@ -92,7 +93,7 @@ def bench_command(
                         wall_s=budget_wall_s)
         agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                    profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
-                                   concurrency=concurrency, budget=budget)
+                                   concurrency=concurrency, budget=budget, search=search)
         status, run_dir = _bench_agent(suite, select, tasks, model, agent_config, eval_config, runs_dir, run_id,
                                        where)
     if html:

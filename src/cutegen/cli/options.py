@@ -23,6 +23,9 @@ Profiling = Annotated[str, typer.Option("--profiling", help="none, immediate or 
 TargetSol = Annotated[float, typer.Option("--target-sol", help="Stop a task at this fraction of speed of light.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Reply limit of each model call.")]
 Concurrency = Annotated[int, typer.Option("--concurrency", help="Model calls in flight at once.")]
+Search = Annotated[str, typer.Option("--search", help="single (one kernel refined per round), best-of:N (N"
+                                     " generations side by side, the best correct kept) or beam:W,K (K proposals"
+                                     " in different directions from each of the W best kernels per round).")]
 
 # ------------------------------------------------------------------------------ run-wide budgets
 

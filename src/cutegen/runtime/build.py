@@ -38,6 +38,7 @@ from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError, ConfigError, ToolchainError
 from cutegen.records import BuildResult
 from cutegen.runtime.distill import distill_errors
+from cutegen.runtime.precheck import precheck
 
 SOURCE_NAME = "kernel.cu"
 LIBRARY_NAME = "kernel.so"
@@ -243,8 +244,10 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     """Compile `source` (or find it in the cache) into a shared library; see the module docstring.
 
     Raises ToolchainError (nvcc, headers or arch missing), ConfigError (bad arch or cache folder) or
-    BuildError (nvcc rejected the source or timed out; `distilled` holds the first errors).
+    BuildError (nvcc rejected the source or timed out, or `precheck` found a mistake nvcc would
+    report misleadingly; `distilled` holds the first errors).
     """
+    precheck(source, SOURCE_NAME)  # a misleading compiler message named plainly, before nvcc runs
     nvcc = find_nvcc(config)
     include = find_cutlass_include(config)
     arch = detect_arch(config)
