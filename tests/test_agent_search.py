@@ -33,14 +33,14 @@ BEAM_CONFIG = AgentConfig(rounds=2, repairs=1, generations=1, patience=3, profil
 
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory):
-    from cutegen.evaluate.service import Evaluator
+    from cutegen.evaluate.executor import LocalExecutor
 
     # The smallest judgement that still tells the replies apart: these tests check the search, not timing.
     config = EvalConfig(backend="torch", device="cpu", correctness_trials=1, weight_seeds=1, timing_trials=5,
                         warmup_trials=1, timing_input_sets=1, timed_output_checks=1, compile_baseline=False,
                         cache_dir=tmp_path_factory.mktemp("eval-cache"))
-    with Evaluator.for_config(config) as service:
-        yield config, service
+    with LocalExecutor(config) as executor:
+        yield config, executor
 
 
 def start(run_dir: Path, replay: Path, config: AgentConfig, evaluation) -> Journal:
@@ -53,7 +53,7 @@ def run_agent(run_dir: Path, replay: Path, config: AgentConfig, evaluation) -> t
     """One session, as `cutegen resume` runs it: the journal opened, the replay log beside it."""
     journal = Journal.open(run_dir)
     provider = provider_from_spec(f"replay:{replay}", ProviderSettings(state_dir=journal.run_dir))
-    agent = Agent(journal, provider, config, evaluation[0], service=evaluation[1])
+    agent = Agent(journal, provider, config, evaluation[0], executor=evaluation[1])
     journal.begin_session()
     status = asyncio.run(agent.run(list(load_run(journal).tasks)))
     return status, agent, journal
