@@ -45,7 +45,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
     baselines)      echo "560 python3 bench/baselines_kernelbench_h200.py --out $2 --kernelbench .kernelbench --cache $CACHE --budget-s $(( ${STEP_S:-560} - 30 )) ${BASELINES_ARGS:-}" ;;
     throughput)     echo "560 python3 bench/throughput_h200.py --out $2 --kernelbench .kernelbench --select ${THROUGHPUT_SELECT:-level1:19-32} --part ${THROUGHPUT_PART:-part1} --budget-s $(( ${STEP_S:-560} - 45 )) --profile=${THROUGHPUT_PROFILE:-}" ;;
-    gpu_tests)      echo "420 env CUTEGEN_TEST_REPORT=$2/tests.txt python3 -m pytest -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
+    gpu_tests)      echo "420 env CUTEGEN_TEST_REPORT=$2/tests.txt python3 -m pytest -o addopts= -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac
 }

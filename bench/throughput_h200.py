@@ -41,6 +41,13 @@ BEFORE = {
 }
 
 
+def _shown(text: str, args: argparse.Namespace) -> str:
+    """`text` with the machine's own paths made relative: the repository's, the output folder's
+    ($OUT) and the interpreter's (python3), so results name no path of the machine they ran on."""
+    return (text.replace(sys.executable, "python3").replace(str(args.out), "$OUT")
+            .replace(str(REPO) + os.sep, ""))
+
+
 def run_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     run_dir = args.out / "runs" / args.part
     cmd = [sys.executable, "-m", "cutegen", "bench", str(args.kernelbench), "--select", args.select,
@@ -55,7 +62,10 @@ def run_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
             status = done.returncode
         except subprocess.TimeoutExpired:
             status = "timeout"
-    result: dict[str, Any] = {"command": " ".join(cmd), "status": status, "wall_s": time.perf_counter() - started}
+    log_path = args.out / f"bench-log-{args.part}.txt"
+    log_path.write_text(_shown(log_path.read_text(encoding="utf-8"), args), encoding="utf-8")
+    result: dict[str, Any] = {"command": _shown(" ".join(cmd), args), "status": status,
+                              "wall_s": time.perf_counter() - started}
     throughput = run_dir / "throughput.json"
     result["throughput"] = json.loads(throughput.read_text()) if throughput.is_file() else None
     verdicts = []

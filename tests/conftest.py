@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -52,6 +54,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+_MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["']module["']""")
+
+
+@functools.lru_cache(maxsize=None)
+def _defines_module_fixture(path: Path) -> bool:
+    try:
+        return bool(_MODULE_FIXTURE.search(path.read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown (and unused) without it
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (pyproject's addopts), grouped our way: the tests of a file that defines a
+    module-scoped fixture (a replayed bench run, a Ray cluster) go to one worker, so that fixture is
+    made once; every other test is handed out alone, which keeps the cores busy to the end (a file
+    per worker left one core idle while the last long file ran). None: xdist's own choice."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FixtureScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _defines_module_fixture(config.rootpath / path) else nodeid
+
+    return FixtureScopeScheduling(config, log)
 
 
 def pytest_runtest_logreport(report):

@@ -163,7 +163,7 @@ def test_split_execution_under_the_cuda_backend_repairs_a_plain_cuda_build_error
     assert journal.of_kind("run")[0]["evaluation"]["backend"] == "cuda"
     (first,) = journal.steps("swish_scale")
     assert first.stage == "generate" and first.verdict.failure == "build_error" and first.verdict.gpu_s is None
-    assert first.verdict.backend == "cuda" and 'from "dim3 (unsigned int, unsigned int)"' in first.verdict.feedback
+    assert first.verdict.backend == "cuda" and 'declares a function named `grid`' in first.verdict.feedback
     replies = journal.of_kind("reply")
     assert [r["stage"] for r in replies] == ["generate", "repair_build"]  # the repair was asked and built
     assert not journal.of_kind("evaluate")  # no evaluation of the built repair started

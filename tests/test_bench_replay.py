@@ -104,8 +104,9 @@ def test_replay_bench_report_renders_in_chromium(agent_run):
     page = render_in_chromium(run / "bench-report.html")
     assert page["problems"] == [] and page["external"] == []
     labels = [p["label"] for p in page["plots"]]
-    assert labels[:3] == ["Speedup per task", "fast_p curve", "Cost per task"]  # no speed of light on a CPU
-    assert len(labels) == 3 + 6  # a trajectory per task
+    # no speed of light on a CPU
+    assert labels[:4] == ["Speedup per task", "fast_p curve", "Cost per task", "Best speedup against budget"]
+    assert len(labels) == 4 + 6  # a trajectory per task
     assert all(p["width"] > 200 and p["height"] > 100 for p in page["plots"])
     assert "No speed-of-light fractions" in page["text"]
 

@@ -122,6 +122,34 @@ def test_tasks_traced_in_threads_at_once_leave_stdout_alone(example_tasks):
     assert sys.stdout is before and all(t.error is None for t in traces)
 
 
+def test_quiet_stdout_silences_only_its_own_thread(capsys):
+    """A bench's main thread prints a line per verdict while service threads trace tasks: the
+    trace's silence must not swallow the main thread's line (it did with redirect_stdout)."""
+    import threading
+
+    from cutegen.trace import quiet_stdout
+
+    inside, release = threading.Event(), threading.Event()
+
+    def quiet() -> None:
+        with quiet_stdout(), quiet_stdout():  # nested blocks of one thread
+            print("from the quiet thread")
+            inside.set()
+            release.wait(10)
+        print("after the block")
+
+    before = sys.stdout
+    thread = threading.Thread(target=quiet)
+    thread.start()
+    assert inside.wait(10)
+    print("from the main thread")
+    release.set()
+    thread.join(10)
+    assert sys.stdout is before
+    out = capsys.readouterr().out
+    assert "from the main thread" in out and "after the block" in out and "quiet thread" not in out
+
+
 def test_trace_failure_is_recorded_not_raised(tmp_path):
     source = GOOD.replace("return torch.relu(x)", "return x * float(x.sum().item())")
     trace = trace_task(load_task(write(tmp_path, "t.py", source)))

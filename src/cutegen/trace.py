@@ -10,7 +10,7 @@ never asked of a model.
 from __future__ import annotations
 
 import contextlib
-import io
+import sys
 import threading
 import warnings
 from typing import Any, Iterator
@@ -143,14 +143,47 @@ def trace_task(task: Task) -> TaskTrace:
 _QUIET = threading.Lock()
 
 
+class _QuietThreads:
+    """sys.stdout while some thread is inside `quiet_stdout`: that thread's writes are dropped, every
+    other thread's go on to the stream this one stands in for (all else is delegated to it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.depth: dict[int, int] = {}  # thread ident -> nesting depth of its quiet blocks
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() in self.depth:
+            return len(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 @contextlib.contextmanager
 def quiet_stdout() -> Iterator[None]:
-    """sys.stdout swallowed for the block, one block at a time: redirect_stdout swaps a process-wide
-    attribute, so two threads' blocks that overlap (tasks traced at once by the agent's and the
-    evaluation service's threads) can leave a StringIO there for good, and every later line of the
-    run is lost."""
-    with _QUIET, contextlib.redirect_stdout(io.StringIO()):
+    """The calling thread's writes to sys.stdout swallowed for the block; other threads' lines still
+    print. redirect_stdout would swap the process-wide attribute for everyone: a bench's progress
+    line printed by the main thread while a service thread traces a task was lost, and two
+    overlapping blocks could leave a StringIO there for good. Instead one stand-in that filters by
+    thread is installed while any thread is quiet, and the original put back when the last leaves."""
+    me = threading.get_ident()
+    with _QUIET:
+        proxy = sys.stdout if isinstance(sys.stdout, _QuietThreads) else _QuietThreads(sys.stdout)
+        sys.stdout = proxy
+        proxy.depth[me] = proxy.depth.get(me, 0) + 1
+    try:
         yield
+    finally:
+        with _QUIET:
+            proxy.depth[me] -= 1
+            if not proxy.depth[me]:
+                del proxy.depth[me]
+            if not proxy.depth and sys.stdout is proxy:  # left alone if someone replaced it meanwhile
+                sys.stdout = proxy.stream
 
 
 def _trace_module(module: Any) -> TaskTrace:
