@@ -139,7 +139,7 @@ def test_quiet_stdout_silences_only_its_own_thread(capsys):
         print("after the block")
 
     before = sys.stdout
-    thread = threading.Thread(target=quiet)
+    thread = threading.Thread(target=quiet, daemon=True)  # a regression that blocks must fail, not hang
     thread.start()
     assert inside.wait(10)
     print("from the main thread")
