@@ -45,7 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from cutegen.config import EvalConfig
+from cutegen.config import AgentConfig, EvalConfig
 from cutegen.errors import ConfigError, TaskError
 from cutegen.records import (
     EVAL_STAGES,
@@ -261,7 +261,7 @@ def spending(journal: Any, task_id: str) -> dict[int, tuple[int, float]]:
     return spent
 
 
-def trajectory(steps: list[Step], min_gain: float = 0.02,
+def trajectory(steps: list[Step], min_gain: float = AgentConfig.min_gain,
                spent: dict[int, tuple[int, float]] | None = None) -> tuple[TrajectoryPoint, ...]:
     """Speedup by step, with the best kernel's speedup after each step, the search tree (each step's
     candidate and parent) and what had been spent when it was recorded."""
@@ -326,7 +326,7 @@ def agent_task_result(journal: Any, task: Task) -> BenchTaskResult:
     """One task of an agent run: its best kernel (the fold of `best_flags`), how far its candidates
     got, what it cost, and its trajectory."""
     steps = journal.steps(task.task_id)
-    min_gain = float(journal.run_record()["agent"].get("min_gain", 0.02))
+    min_gain = float(journal.run_record()["agent"].get("min_gain", AgentConfig.min_gain))
     verdicts = [s.verdict for s in steps if s.verdict is not None]
     best_step = next((s for s, won in reversed(list(zip(steps, best_flags(steps, min_gain)))) if won), None)
     best = best_step.verdict if best_step else None

@@ -106,12 +106,13 @@ def idea_of(text: str) -> str | None:
     for line in lines:
         match = _IDEA_LINE.match(line)
         if match:
-            return _shorten(match.group("text"))
+            return shorten_idea(match.group("text"))
     before_code = text.replace("\r\n", "\n").split("```")[0]
     prose = " ".join(before_code.split())
-    return _shorten(_SENTENCE_END.split(prose, maxsplit=1)[0]) if prose else None
+    return shorten_idea(_SENTENCE_END.split(prose, maxsplit=1)[0]) if prose else None
 
 
-def _shorten(text: str) -> str:
+def shorten_idea(text: str) -> str:
+    """One line: emphasis marks dropped, white space folded, cut to IDEA_CHARS with an ellipsis."""
     text = " ".join(text.replace("**", "").split()).strip()
     return text if len(text) <= IDEA_CHARS else text[: IDEA_CHARS - 1].rstrip() + "…"

@@ -291,9 +291,10 @@ def load_run(journal: Journal) -> RunSetup:
 
 def write_outputs(journal: Journal, results: list) -> None:
     """best/<task>.py (a drop-in ModelNew per task), summary.json and report.md."""
-    from cutegen.bench import search_tree, trajectory
+    from cutegen.bench import trajectory
+    from cutegen.config import AgentConfig
     from cutegen.prompt import render_template
-    from cutegen.report import tree_line
+    from cutegen.report import tree_lines
 
     setup = load_run(journal)
     for result in results:
@@ -305,12 +306,11 @@ def write_outputs(journal: Journal, results: list) -> None:
     summary = {"run_id": setup.run_id, "model": setup.model, "totals": totals, "tasks": to_json(results)}
     (journal.run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     replies = [r["reply"] for r in journal.of_kind("reply") if r.get("reply")]
+    steps = {t.task_id: journal.steps(t.task_id) for t in setup.tasks}
+    min_gain = setup.agent.get("min_gain", AgentConfig.min_gain)
     report = render_template(
-        "run_report.md.j2", setup=setup, results=results, totals=totals,
-        steps={t.task_id: journal.steps(t.task_id) for t in setup.tasks},
+        "run_report.md.j2", setup=setup, results=results, totals=totals, steps=steps,
         recorded=any(r.get("recorded") for r in replies), exits=journal.of_kind("exit"),
-        trees={t.task_id: [(depth, tree_line(point)) for depth, point in
-                           search_tree(trajectory(journal.steps(t.task_id), setup.agent.get("min_gain", 0.02)))]
-               for t in setup.tasks},
+        trees={task_id: tree_lines(trajectory(task_steps, min_gain)) for task_id, task_steps in steps.items()},
     )
     (journal.run_dir / "report.md").write_text(report, encoding="utf-8")

@@ -76,14 +76,13 @@ def _short_float(value: float) -> str:
 def parse_directions(text: str, count: int) -> list[str]:
     """Up to `count` distinct directions from a `directions` reply: its numbered or bulleted lines
     outside code blocks, markdown emphasis removed, each shortened like an idea."""
-    from cutegen.extract import IDEA_CHARS, prose_lines
+    from cutegen.extract import prose_lines, shorten_idea
 
     found: list[str] = []
     for line in prose_lines(text):
         match = _LIST_ITEM.match(line.replace("**", ""))
         if match:
-            item = " ".join(match.group("text").split())
-            item = item if len(item) <= IDEA_CHARS else item[: IDEA_CHARS - 1].rstrip() + "…"
+            item = shorten_idea(match.group("text"))
             if item.lower() not in (f.lower() for f in found):
                 found.append(item)
     return found[:count]

@@ -225,10 +225,15 @@ def search_trees(series: list[Series]) -> list[dict[str, Any]]:
     for s in series:
         for result in primary_results(s.run.results):
             if result.trajectory:
-                lines = [(depth, tree_line(point)) for depth, point in search_tree(result.trajectory)]
+                lines = tree_lines(result.trajectory)
                 trees.append({"task_id": result.task_id, "label": s.label, "color": s.color,
                               "search": s.run.agent.get("search", "single"), "lines": lines})
     return trees
+
+
+def tree_lines(points: tuple[Any, ...]) -> list[tuple[int, str]]:
+    """A trajectory as its search tree (`bench.search_tree`): (depth, one line of text) per step."""
+    return [(depth, tree_line(point)) for depth, point in search_tree(points)]
 
 
 def tree_line(p: Any) -> str:

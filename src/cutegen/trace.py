@@ -156,9 +156,6 @@ class _QuietThreads:
             return len(text)
         return self.stream.write(text)
 
-    def flush(self) -> None:
-        self.stream.flush()
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 

@@ -62,6 +62,7 @@ def eval_command(
 ) -> None:
     """Judge one candidate with the hardened evaluator. Exit status: 0 passed, 1 rejected, 2 usage
     error, 76 needs a GPU (no CUDA device here: the static checks, and the build where it can run, passed)."""
+    from cutegen.evaluate.executor import device_available
     from cutegen.evaluate.pipeline import NeedsDevice, evaluate_candidate
     from cutegen.records import to_json
 
@@ -70,7 +71,7 @@ def eval_command(
     chosen = _one_task(task, select)
     try:
         with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
-            verdict = evaluate_candidate(candidate, chosen, config, device_available=_device_available(config))
+            verdict = evaluate_candidate(candidate, chosen, config, device_available=device_available(config))
     except NeedsDevice:
         arch = config.runtime.arch
         built = f" and the build for {arch}" if arch else " (set CUTEGEN_ARCH, e.g. sm_90a, to build here too)"
@@ -84,16 +85,6 @@ def eval_command(
         print_verdict(verdict, Console())
     # sys.exit (not typer.Exit): the exit status is the verdict, whichever way main() is entered.
     sys.exit(0 if verdict.passed else EXIT_REJECTED)
-
-
-def _device_available(config: Any) -> bool:
-    """Whether the evaluation device is here: without one, the candidate gets the stages this machine
-    can run (split execution) instead of failing on the task's reference for want of CUDA."""
-    if config.device != "cuda":
-        return True
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def _ms(stats: Any) -> str:

@@ -48,6 +48,17 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def device_available(config: EvalConfig) -> bool:
+    """Whether the evaluation device is on this machine: without one, a candidate gets the stages
+    this machine can run (split execution) instead of failing on the task's reference for want of
+    CUDA."""
+    if config.device != "cuda":
+        return True
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 class LocalExecutor:
     """This machine's evaluation service (the default). Nothing starts until the first evaluation."""
 
@@ -68,11 +79,7 @@ class LocalExecutor:
         return evaluate_candidate(path, task, config, self.service, device_available=device_available)
 
     def device_available(self) -> bool:
-        if self.config.device != "cuda":
-            return True
-        import torch
-
-        return bool(torch.cuda.is_available())
+        return device_available(self.config)
 
     def profile(self, profiler: Profiler, path: Path, task: Task, config: EvalConfig) -> str | None:
         with self.service.lane(task):

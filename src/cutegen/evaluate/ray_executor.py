@@ -107,8 +107,7 @@ class EvaluationNode:
         from cutegen.journal import from_json
         from cutegen.profile.run import make_profiler
 
-        task = from_json(Task, task_json)
-        config = replace(from_json(EvalConfig, config_json), gpus=(self.gpu,))
+        task, config = _decode(task_json, config_json, self.gpu)
         notes: list[str] = []
         profiler = make_profiler(from_json(ProfileConfig, profile_json), notify=notes.append)
         with tempfile.TemporaryDirectory(prefix="cutegen-profile-") as folder, self.service.lane(task):
@@ -120,14 +119,19 @@ class EvaluationNode:
         self.service.close()
 
 
+def _decode(task_json: dict, config_json: dict, gpu: int) -> tuple[Task, EvalConfig]:
+    """The task and the evaluation settings sent by the driver, the settings bound to this actor's GPU."""
+    from cutegen.journal import from_json
+
+    return from_json(Task, task_json), replace(from_json(EvalConfig, config_json), gpus=(gpu,))
+
+
 def _evaluate_here(service: Any, gpu: int, source: str, task_json: dict, config_json: dict,
                    device_available: bool) -> dict[str, Any]:
     """One evaluation on this node; the verdict, or what stopped it, as JSON."""
     from cutegen.evaluate.pipeline import NeedsDevice, evaluate_source
-    from cutegen.journal import from_json
 
-    task = from_json(Task, task_json)
-    config = replace(from_json(EvalConfig, config_json), gpus=(gpu,))
+    task, config = _decode(task_json, config_json, gpu)
     try:
         verdict = evaluate_source(source, task, config, service, device_available=device_available)
     except NeedsDevice as err:

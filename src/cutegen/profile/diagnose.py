@@ -25,8 +25,6 @@ LAUNCH_BOUND_S = 10e-6
 LOW_OCCUPANCY_PCT = 40.0
 MAX_SUGGESTIONS = 4
 MAX_KERNELS_SHOWN = 6
-# Kernels of PyTorch, cuBLAS and cuDNN: left out when the candidate's own kernels cannot be told by
-# their libraries (a load_inline candidate).
 # How a suggestion names a technique, in the language the candidate is asked for: CuTe's atoms and
 # layouts, or the plain-CUDA construct, so that an ablation of the language (cute against cuda) keeps
 # the advice alike and the language apart. Backends without an entry (torch) read the CuTe terms.
@@ -87,6 +85,8 @@ def terms(backend: str) -> dict[str, str]:
     return TERMS.get(backend, TERMS["cute"])
 
 
+# Kernels of PyTorch, cuBLAS and cuDNN: left out when the candidate's own kernels cannot be told by
+# their libraries (a load_inline candidate).
 FRAMEWORK_KERNEL = re.compile(r"^_ZN2at|\bat::|cublas|cudnn|^(?:void )?(?:sm\d+|ampere|volta|turing|hopper)_|xmma"
                               r"|cutlass_\d+|gemmSN|splitKreduce|elementwise_kernel|reduce_kernel", re.I)
 
