@@ -8,7 +8,7 @@
 # agent_cuda (240: the same with the plain-CUDA replies under backend cuda),
 # profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420), baselines (560), throughput (560:
 # `cutegen bench --evaluate` over full-size KernelBench tasks, THROUGHPUT_SELECT, THROUGHPUT_PART and
-# THROUGHPUT_PROFILE pass its --select, --part and --profile). `prebuild` builds every shipped
+# THROUGHPUT_PROFILE pass its --select, --part and --profile, THROUGHPUT_ARGS more of its arguments, THROUGHPUT_TAIL_S the seconds kept for the profiles after the bench, default 45). `prebuild` builds every shipped
 # CuTe kernel in parallel into the call's shared cache, so later steps find them built; name it first. A device call may run 10 minutes, so the
 # steps of one call share TOTAL_S (default 570 s): each step gets the smaller of its own limit and
 # what is left, and a step with under 30 s left is skipped (and says so in summary.txt).
@@ -44,7 +44,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;
     baselines)      echo "560 python3 bench/baselines_kernelbench_h200.py --out $2 --kernelbench .kernelbench --cache $CACHE --budget-s $(( ${STEP_S:-560} - 30 )) ${BASELINES_ARGS:-}" ;;
-    throughput)     echo "560 python3 bench/throughput_h200.py --out $2 --kernelbench .kernelbench --select ${THROUGHPUT_SELECT:-level1:19-32} --part ${THROUGHPUT_PART:-part1} --budget-s $(( ${STEP_S:-560} - 45 )) --profile=${THROUGHPUT_PROFILE:-}" ;;
+    throughput)     echo "560 python3 bench/throughput_h200.py --out $2 --kernelbench .kernelbench --select ${THROUGHPUT_SELECT:-level1:19-32} --part ${THROUGHPUT_PART:-part1} --budget-s $(( ${STEP_S:-560} - ${THROUGHPUT_TAIL_S:-45} )) --profile=${THROUGHPUT_PROFILE:-} ${THROUGHPUT_ARGS:-}" ;;
     gpu_tests)      echo "420 env CUTEGEN_TEST_REPORT=$2/tests.txt python3 -m pytest -o addopts= -q -m gpu -rs --durations=40 -p no:cacheprovider --junitxml=$2/junit.xml ${GPU_TESTS:-tests}" ;;
     *)              return 1 ;;
   esac

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,25 @@ def _shown(text: str, args: argparse.Namespace) -> str:
     ($OUT) and the interpreter's (python3), so results name no path of the machine they ran on."""
     return (text.replace(sys.executable, "python3").replace(str(args.out), "$OUT")
             .replace(str(REPO) + os.sep, ""))
+
+
+def with_variants(folder: Path, count: int, into: Path) -> Path:
+    """A folder holding each sample-0 file of `folder` and `count - 1` variants of it (samples 1, 2...),
+    so that a folder with one candidate per task gives several honest ones: sample k caps a grid-stride
+    kernel's grid at 32 >> k blocks per SM where the file has that cap (a different launch), and
+    always renames its `load_inline` extension (a different source, built on its own)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in sorted(folder.glob("*_sample_0_kernel.py")):
+        source = path.read_text(encoding="utf-8")
+        (into / path.name).write_text(source, encoding="utf-8")
+        for k in range(1, count):
+            variant = source.replace("multiProcessorCount * 32", f"multiProcessorCount * {32 >> k}")
+            variant = re.sub(r'name="([A-Za-z0-9_]+)"', lambda m: f'name="{m.group(1)}_s{k}"', variant, count=1)
+            note = (f"# Sample {k}: sample 0 with its grid capped at {32 >> k} blocks per SM and its extension renamed."
+                    if variant.count(f"multiProcessorCount * {32 >> k}") else
+                    f"# Sample {k}: sample 0's kernel with its extension renamed (built on its own).")
+            (into / path.name.replace("_sample_0_", f"_sample_{k}_")).write_text(note + "\n" + variant, encoding="utf-8")
+    return into
 
 
 def run_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
@@ -114,6 +134,8 @@ def part(args: argparse.Namespace) -> dict[str, Any]:
     cache = Path(tempfile.mkdtemp(prefix="cutegen-throughput-cache-"))
     env = {**os.environ, "CUTEGEN_CACHE": str(cache), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    if args.variants > 1:
+        args.candidates = with_variants(args.candidates, args.variants, args.out / f"candidates-{args.part}")
     result = {"part": args.part, "select": args.select, "manifest": machine_manifest(cli_env.runtime_config()),
               "bench": run_bench(args, env), "profiles": []}
     by_name = {f"level_{v['task_id'][5:].replace('/', '_problem_')}_sample_{v['sample']}_kernel": v
@@ -221,6 +243,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="The bench's time limit (it resumes).")
     parser.add_argument("--profile", default="", help="Candidate file stems to profile after the bench.")
     parser.add_argument("--candidates", type=Path, default=CANDIDATES, help="The folder of candidate files.")
+    parser.add_argument("--variants", type=int, default=1,
+                        help="Samples per task made from each sample-0 file (see with_variants).")
     parser.add_argument("--extra", default="", help="More arguments for `cutegen bench` (e.g. --build-jobs 8).")
     parser.add_argument("--report-only", nargs="*", type=Path, help="Merge these parts' JSON into the report.")
     args = parser.parse_args()

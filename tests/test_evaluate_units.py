@@ -155,6 +155,9 @@ def test_worker_environment_is_allow_listed(tmp_path):
     assert "OPENAI_API_KEY" not in env and "AWS_SECRET" not in env
     assert env["TMPDIR"] == str(tmp_path) and env["TORCHINDUCTOR_CACHE_DIR"] == "/c"
     assert env["TEARDOWN_CUPTI"] == "1"  # a profiler session must not slow the calls timed after it
+    # ... but without a session it slows every call: a process that never profiles goes without it
+    assert "TEARDOWN_CUPTI" not in worker_environment({**source, "TEARDOWN_CUPTI": "1"}, "cuda", 2, tmp_path,
+                                                      profiler=False)
     assert (Path(env["PYTHONPATH"].split(":")[0]) / "cutegen").is_dir()
     assert worker_environment(source, "cpu", None, tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
 
@@ -390,6 +393,48 @@ def test_comparison_in_chunks_matches_the_whole_tensor_comparison(monkeypatch):
     assert compare.compare_outputs(ref.transpose(0, 2), ref.transpose(0, 2).contiguous(), 0, 0).mismatched_elements == 0
     assert compare.first_mismatches(torch.tensor(2.0), torch.tensor(1.0), 1e-4, 1e-4) == \
         ("output[0] at (): got 2, expected 1",)
+
+
+def test_identical_outputs_take_the_short_way_and_give_the_same_statistics(monkeypatch):
+    import torch
+
+    from cutegen.evaluate import compare
+
+    torch.manual_seed(0)
+    ref = (torch.randn(40, 9), torch.randn(3))
+    same = tuple(t.clone() for t in ref)
+    same[0][0, 0] = -0.0 if float(ref[0][0, 0]) == 0.0 else same[0][0, 0]
+    assert compare.identical(same, ref)
+    short = compare.compare_outputs(same, ref, 1e-4, 1e-4)
+    monkeypatch.setattr(compare, "identical", lambda *_: False)  # the float64 pass on the same inputs
+    assert compare.compare_outputs(same, ref, 1e-4, 1e-4) == short
+    assert (short.max_abs_error, short.rel_l2_error, short.mismatched_elements, short.total_elements) == (0, 0, 0, 363)
+    monkeypatch.undo()
+    # Not identical: another dtype, one ulp, a NaN even where the reference has one, a missing leaf.
+    assert not compare.identical((same[0].double(), same[1]), ref)
+    assert not compare.identical((torch.nextafter(same[0], torch.tensor(9.0)), same[1]), ref)
+    nan_ref, nan_out = torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")])
+    assert not compare.identical(nan_out, nan_ref)
+    assert compare.compare_outputs(nan_out, nan_ref, 0, 0).mismatched_elements == 0  # the full rule decides
+    assert not compare.identical(same[:1], ref)
+    off = compare.compare_outputs((same[0] + 1e-3, same[1]), ref, 1e-4, 1e-4)
+    assert off.mismatched_elements > 0 and off.max_abs_error == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_build_workers_run_niced_and_a_spare_is_warmed_without_waiting_for_its_start():
+    from cutegen.evaluate.worker import Worker
+
+    worker = Worker("cpu", None, 4096, warm_profiler=False, nice=7)
+    try:
+        worker.begin_warm()  # returns at once: the command waits in the channel while torch imports
+        assert not worker.started and worker._warm_sent
+        info = worker.wait_ready(timeout_s=120)
+        assert info["ready"] and "device_name" in info
+        assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+        reply = worker.call("prebuild", {"source": "import os\nNICE = os.nice(0)\n"}, timeout_s=60)
+        assert reply["ok"] and reply["data"]["kernels"] == []  # the warm command did not upset the channel
+    finally:
+        worker.close()
 
 
 def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():

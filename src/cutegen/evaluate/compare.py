@@ -107,6 +107,20 @@ def _failing(o: torch.Tensor, r: torch.Tensor, diff: torch.Tensor, d: Any, atol:
     return failing, int(plain.sum()) - int(failing.sum())
 
 
+def identical(outputs: Any, ref_outputs: Any) -> bool:
+    """Whether every output leaf equals the reference's element for element (same structure, shape,
+    dtype and device; -0.0 equals 0.0, a NaN anywhere makes it False): then every error is 0 and the
+    float64 comparison has nothing to add. Memory-bound kernels often reproduce PyTorch exactly, and
+    one read of both tensors replaces some thirty float64 passes over them (1.8 s of each evaluation
+    of a 6.4 GB output on an H200)."""
+    import torch
+
+    outs, refs = flatten_outputs(outputs), flatten_outputs(ref_outputs)
+    return len(outs) == len(refs) and all(
+        isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and o.shape == r.shape and o.dtype == r.dtype
+        and o.device == r.device and torch.equal(o, r) for o, r in zip(outs, refs))
+
+
 def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, ref_delta: Any = None) -> ErrorStats:
     """Error statistics of `outputs` against `ref_outputs` (a tensor, or a tuple/list of them).
 
@@ -125,6 +139,8 @@ def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, re
     shapes_ok = len(outs) == len(refs) and all(o.shape == r.shape for o, r in zip(outs, refs))
     if not shapes_ok:
         return ErrorStats(math.inf, math.inf, math.inf, total, total, atol, rtol)
+    if identical(outs, refs):
+        return ErrorStats(0.0, 0.0, 0.0, 0, total, atol, rtol)
     # Sums and maxima stay on the comparison's device until the end: one host synchronisation per
     # output leaf, not several per chunk.
     max_abs = max_rel = sq_diff = sq_ref = 0.0

@@ -171,7 +171,8 @@ class CandidateSession:
         first, second = outs
         pairs = list(zip(tensors_of(first), tensors_of(second)))
         bitwise = len(pairs) == len(tensors_of(first)) and all(
-            a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+            a.shape == b.shape and a.dtype == b.dtype
+        and (torch.equal(a, b) or torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
             for a, b in pairs)
         atol, rtol = payload["atol"] * DETERMINISM_FACTOR, payload["rtol"] * DETERMINISM_FACTOR
         tight = compare_outputs(flatten_outputs(second), flatten_outputs(first), atol, rtol)

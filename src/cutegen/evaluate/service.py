@@ -32,6 +32,10 @@ from cutegen.records import Baselines, Peaks, Task
 REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of a lane may hold
 CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memory to measure)
 CORES_PER_LANE = 2  # cores reserved for a GPU lane's workers when the machine has enough to spare
+# The build pool's workers and their compilers run at this niceness: a lane's spare worker and the
+# next reference process import torch on the same cores while fourteen compilers run there, and
+# waiting for those imports held the GPU's lane for up to 9 s per evaluation on an H200.
+BUILD_NICE = 10
 
 
 @dataclass
@@ -88,8 +92,11 @@ class Lane:
             return ref
         if ref is not None:
             self.drop(ref)
+        started = time.perf_counter()
         self._make_room(need=_reference_bytes(task, config))
+        make_room_s = time.perf_counter() - started  # closing a process that held gigabytes takes seconds
         ref = self._start_reference(task, config, key)
+        ref.seconds = {"make_room": round(make_room_s, 3), **ref.seconds}
         self.references[key] = ref
         return ref
 
@@ -242,7 +249,7 @@ class Evaluator:
         cores = len(build_cpus) if build_cpus else (os.cpu_count() or 2)
         self.build_jobs = max(1, build_jobs if build_jobs is not None else max(1, cores - 1))
         self.builds = WorkerPool("cpu", cpu_slots=self.build_jobs, log_tail_bytes=log_tail_bytes,
-                                 warm_spares=False, warm_profiler=False, cpus=build_cpus)
+                                 warm_spares=False, warm_profiler=False, cpus=build_cpus, nice=BUILD_NICE)
         self._cond = threading.Condition()
         self._tickets = 0
         self._waiting: dict[int, tuple[str, str]] = {}  # ticket -> (task id, source hash) of a waiting evaluation

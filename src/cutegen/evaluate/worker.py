@@ -75,8 +75,10 @@ class WorkerDied(Exception):
         self.log_tail = log_tail
 
 
-def worker_environment(source: dict[str, str], device: str, gpu: int | None, workdir: Path) -> dict:
-    """The allow-listed environment of a worker (the caller passes `os.environ` in)."""
+def worker_environment(source: dict[str, str], device: str, gpu: int | None, workdir: Path,
+                       profiler: bool = True) -> dict:
+    """The allow-listed environment of a worker (the caller passes `os.environ` in); `profiler`: the
+    worker opens a profiler session (see TEARDOWN_CUPTI below)."""
     env = {k: v for k, v in source.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
     env["CUDA_VISIBLE_DEVICES"] = str(gpu) if device == "cuda" and gpu is not None else ""
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding `cutegen/`
@@ -85,8 +87,13 @@ def worker_environment(source: dict[str, str], device: str, gpu: int | None, wor
     # Kineto detaches CUPTI when a profiler session ends. Left attached (PyTorch's default), it slowed
     # every later call of a 6 us kernel by 1-2.5 us on an H200; detached, the calls timed as in a
     # process that never profiled, and a later session still started in 0.01 s (the first takes
-    # 3.5 s), so warming the profiler in the spare keeps its point.
-    env["TEARDOWN_CUPTI"] = "1"
+    # 3.5 s), so warming the profiler in the spare keeps its point. But set, it also slowed every
+    # call made *before* the first session (a 6 us kernel timed 31 us, a 132 us one 140 us), so a
+    # worker that never profiles (a reference process timing the baselines) goes without it.
+    if profiler:
+        env["TEARDOWN_CUPTI"] = "1"
+    else:
+        env.pop("TEARDOWN_CUPTI", None)
     env["PYTHONUNBUFFERED"] = "1"  # the log tail then holds what was printed right before a crash
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
@@ -154,14 +161,15 @@ class Worker:
     then is closed."""
 
     def __init__(self, device: str, gpu: int | None, log_tail_bytes: int, warm_profiler: bool = True,
-                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None) -> None:
+                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None, nice: int = 0) -> None:
         self.device, self.gpu = device, gpu
         self.workdir = Path(tempfile.mkdtemp(prefix="cutegen-eval-"))
         parent_sock, child_sock = socket.socketpair()
-        env = worker_environment(dict(os.environ), device, gpu, self.workdir)
+        env = worker_environment(dict(os.environ), device, gpu, self.workdir, profiler=warm_profiler)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cutegen.evaluate.worker", str(child_sock.fileno()),
-             *([] if warm_profiler else ["--no-profiler"]), *(["--warm-compile"] if warm_compile else [])],
+             *([] if warm_profiler else ["--no-profiler"]), *(["--warm-compile"] if warm_compile else []),
+             *([f"--nice={nice}"] if nice else [])],
             cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
         )
@@ -206,20 +214,24 @@ class Worker:
         return self.started
 
     def begin_warm(self) -> None:
-        """Let the worker create its CUDA context (and load the profiler) now, without waiting: the
-        pool asks for it only when no measurement is running on the GPU."""
-        self.wait_started()
-        if not self._warm_sent:
-            try:
-                self.conn.send_bytes(b'{"command": "warm"}')
-            except OSError as err:
-                raise self._died("worker_crashed", f"the channel broke before its warm-up: {err}") from None
+        """Let the worker create its CUDA context (and load the profiler) as soon as it has imported
+        torch, without waiting for either: the pool asks for it only when no measurement is running
+        on the GPU, and the command waits in the channel until the worker reads it after its start.
+        (Waiting here for the import held the GPU's lane for seconds while compilers filled the
+        cores.) A worker that failed to start is reported by `wait_started`, not here."""
+        if self._warm_sent or self.closed:
+            return
+        with contextlib.suppress(OSError):
+            self.conn.send_bytes(b'{"command": "warm"}')
             self._warm_sent = True
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
         """Block until the worker is warm: torch imported, CUDA context created, profiler loaded."""
         if not self.info:
             self.begin_warm()
+            self.wait_started(timeout_s)
+            if not self._warm_sent:
+                raise self._died("worker_crashed", "the channel broke before its warm-up")
             reply = self._receive(timeout_s, "worker_start_timeout", "warm-up")
             if not reply.get("ok"):
                 self.kill()
@@ -317,8 +329,8 @@ class WorkerPool:
 
     `worker()` blocks until a slot is free, takes that slot's warmed spare (starting a new spare for
     the next job at once) and closes the worker when the block ends, whatever happened in it.
-    `warm_profiler=False` makes workers that start 3.5 s sooner on an H200 and pay for the profiler
-    at their first session instead: for a pool that only measures baselines (no kernel audit).
+    `warm_profiler=False` makes workers that start 3.5 s sooner on an H200, without TEARDOWN_CUPTI
+    (see `worker_environment`): for a pool that never profiles (baselines, builds; no kernel audit).
     `warm_compile=True` makes workers import torch.compile's machinery while they wait (about 3 s
     of a first compile, measured on the CPU machine): for a pool that measures compiled baselines.
     """
@@ -326,8 +338,8 @@ class WorkerPool:
     def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, cpu_slots: int = 1,
                  log_tail_bytes: int = 16384, warm_spares: bool = True, warm_profiler: bool = True,
                  warm_compile: bool = False, cpus: tuple[int, ...] | None = None,
-                 spare_cpus: tuple[int, ...] | None = None) -> None:
-        self.device = device
+                 spare_cpus: tuple[int, ...] | None = None, nice: int = 0) -> None:
+        self.device, self.nice = device, nice
         self.warm_profiler, self.warm_compile = warm_profiler, warm_compile
         # A taken worker runs on `cpus`; a spare starts on `spare_cpus` (the build pool's, where
         # importing torch cannot slow a measurement on `cpus`) and moves to `cpus` when taken.
@@ -347,7 +359,7 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> Worker:
         return Worker(self.device, self.slots[slot], self.log_tail_bytes, self.warm_profiler, self.warm_compile,
-                      self.spare_cpus or self.cpus)
+                      self.spare_cpus or self.cpus, self.nice)
 
     def _spares_apart(self) -> bool:
         """Whether a starting spare runs on other cores than the taken worker."""
@@ -584,5 +596,8 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
 
 
 if __name__ == "__main__":
+    for flag in sys.argv[2:]:
+        if flag.startswith("--nice="):  # before any thread exists: every later thread and child inherits it
+            os.nice(int(flag.removeprefix("--nice=")))
     serve(int(sys.argv[1]), warm_profiler="--no-profiler" not in sys.argv[2:],
           warm_compile="--warm-compile" in sys.argv[2:])
