@@ -5,7 +5,8 @@
 #   bash bench/h200_all.sh STEP [STEP ...]
 #
 # Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (420), probe (420), agent (240),
-# agent_cuda (240: the same with the plain-CUDA replies under backend cuda),
+# agent_cuda (240: the same with the plain-CUDA replies under backend cuda), beam (240: `cutegen bench
+# --search beam:2,3` over three example tasks with hand-written recorded replies, backend torch),
 # profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420), baselines (560), throughput (560:
 # `cutegen bench --evaluate` over full-size KernelBench tasks, THROUGHPUT_SELECT, THROUGHPUT_PART and
 # THROUGHPUT_PROFILE pass its --select, --part and --profile, THROUGHPUT_ARGS more of its arguments, THROUGHPUT_TAIL_S the seconds kept for the profiles after the bench, default 45). `prebuild` builds every shipped
@@ -40,6 +41,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
     agent_cuda)     echo "240 python3 bench/agent_replay_h200.py --out $2 --backend cuda" ;;
+    beam)           echo "240 python3 bench/beam_h200.py --out $2 --budget-s $(( ${STEP_S:-240} - 30 ))" ;;
     profile)        echo "300 python3 bench/profile_h200.py --out $2 --cache $CACHE ${PROFILE_ARGS:-}" ;;
     bench_evaluate) echo "480 python3 bench/bench_evaluate_h200.py --out $2 --budget-s $(( ${STEP_S:-480} - 20 )) ${BENCH_EVALUATE_ARGS:-}" ;;
     knowledge)      echo "420 python3 bench/knowledge_h200.py --out $2 --cache $CACHE" ;;

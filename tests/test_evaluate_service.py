@@ -171,3 +171,46 @@ def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
             pass
     remove_files(descriptor)
     assert not list(tmp_path.glob("out-*.bin"))
+
+
+def test_a_freed_lane_prefers_the_held_task_but_never_starves_another():
+    """Evaluations of the task whose reference the lane holds go first, as long as the oldest waiter
+    has been passed over fewer than MAX_PASSED_OVER times; no process is started (the lane's
+    references are set by hand)."""
+    import time
+    from types import SimpleNamespace
+
+    from cutegen.evaluate.service import MAX_PASSED_OVER
+
+    service = Evaluator("cpu")
+    lane = service.lanes[0]
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def evaluate(task_id: str, label: str, entered: threading.Event) -> None:
+        task = SimpleNamespace(task_id=task_id, source_sha256="sha-" + task_id)
+        entered.set()
+        with service.lane(task) as held:
+            with lock:
+                order.append(label)
+            held.references.clear()
+            held.references[(task_id, task.source_sha256, "settings")] = None  # this task's reference is kept
+
+    def start(task_id: str, label: str) -> threading.Thread:
+        entered = threading.Event()
+        thread = threading.Thread(target=evaluate, args=(task_id, label, entered), daemon=True)
+        thread.start()
+        entered.wait()
+        time.sleep(0.05)  # tickets follow the start order
+        return thread
+
+    with service.lane(SimpleNamespace(task_id="held", source_sha256="sha-held")):
+        lane.references[("held", "sha-held", "settings")] = None
+        threads = [start("other", "other")] + [start("held", f"held{i}") for i in range(MAX_PASSED_OVER + 3)]
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    # The held task's candidates follow each other, the older waiter goes once it was passed over
+    # MAX_PASSED_OVER times, and its task is then the held one.
+    assert order.index("other") == MAX_PASSED_OVER
+    assert order[:MAX_PASSED_OVER] == [f"held{i}" for i in range(MAX_PASSED_OVER)]

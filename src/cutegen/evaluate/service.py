@@ -31,6 +31,10 @@ from cutegen.records import Baselines, Peaks, Task
 
 REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of a lane may hold
 CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memory to measure)
+# A freed lane goes to a waiter whose task's reference it holds before older waiters, but an
+# evaluation passed over this many times goes next: in a beam search two tasks whose references
+# were both held kept the lane from a third task's first evaluation for minutes.
+MAX_PASSED_OVER = 6
 CORES_PER_LANE = 2  # cores reserved for a GPU lane's workers when the machine has enough to spare
 # The build pool's workers and their compilers run at this niceness: a lane's spare worker and the
 # next reference process import torch on the same cores while fourteen compilers run there, and
@@ -94,7 +98,11 @@ class Lane:
             self.drop(ref)
         started = time.perf_counter()
         self._make_room(need=_reference_bytes(task, config))
-        make_room_s = time.perf_counter() - started  # closing a process that held gigabytes takes seconds
+        # The last candidate's worker may still be ending in the background with tens of GB of the
+        # device: a reference that allocated beside it ran out of memory and kept its outputs on the
+        # host, where every comparison of a gigabyte task then took minutes.
+        self.pool.wait_closed()
+        make_room_s = time.perf_counter() - started  # closing processes that held gigabytes takes seconds
         ref = self._start_reference(task, config, key)
         ref.seconds = {"make_room": round(make_room_s, 3), **ref.seconds}
         self.references[key] = ref
@@ -253,6 +261,7 @@ class Evaluator:
         self._cond = threading.Condition()
         self._tickets = 0
         self._waiting: dict[int, tuple[str, str]] = {}  # ticket -> (task id, source hash) of a waiting evaluation
+        self._passed_over: dict[int, int] = {}  # ticket -> lanes given to a later waiter meanwhile
         self._arch: str | None = None
         self.transfer = "auto"  # how candidates export outputs: "file" once CUDA IPC has failed here
         # (what, label, start, end) in time.monotonic() seconds: each build in the pool and each hold of
@@ -310,13 +319,17 @@ class Evaluator:
     def lane(self, task: Task) -> Iterator[Lane]:
         """A lane for one evaluation's GPU work, held until the block ends. A freed lane goes to the
         evaluation waiting longest among those whose task's reference process it holds, else to the
-        one waiting longest: a task's candidates follow each other while its reference is kept."""
+        one waiting longest: a task's candidates follow each other while its reference is kept; but
+        the longest waiter goes first once it has been passed over MAX_PASSED_OVER times."""
         with self._cond:
             ticket = self._tickets = self._tickets + 1
             self._waiting[ticket] = (task.task_id, task.source_sha256)
             while (lane := self._free_lane_for(ticket)) is None:
                 self._cond.wait()
             del self._waiting[ticket]
+            self._passed_over.pop(ticket, None)
+            for earlier in (t for t in self._waiting if t < ticket):
+                self._passed_over[earlier] = self._passed_over.get(earlier, 0) + 1
             lane.busy = True
             self._cond.notify_all()  # the other waiters look again: another lane may be free for them
         began = time.monotonic()
@@ -334,7 +347,9 @@ class Evaluator:
             if lane.busy:
                 continue
             held = {key[:2] for key in lane.references}
-            best = min(self._waiting, key=lambda t: (self._waiting[t] not in held, t))
+            oldest = min(self._waiting)
+            best = oldest if self._passed_over.get(oldest, 0) >= MAX_PASSED_OVER else \
+                min(self._waiting, key=lambda t: (self._waiting[t] not in held, t))
             if best == ticket:
                 return lane
         return None
