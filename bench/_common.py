@@ -24,3 +24,14 @@ def run_section(name: str, namespace: Mapping[str, Any], ctx: dict[str, Any], re
     results["sections"][name] = data
     write_report(results)
     return data
+
+
+def check_lines(result: Mapping[str, Any]) -> list[str]:
+    """A script's checks as a markdown table (result["checks"]: name, passed, detail), then its error
+    and traceback when it stopped on one."""
+    lines = ["", "| check | passed | detail |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {str(c['detail']).replace('|', '/')[:200]} |"
+              for c in result["checks"]]
+    if result.get("error"):
+        lines += ["", f"Error: {result['error']}", "", "```", result.get("traceback", ""), "```"]
+    return lines

@@ -38,6 +38,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from _common import check_lines
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
     sys.path.insert(0, str(REPO / "src"))
@@ -221,11 +223,7 @@ def _write(out: Path, run_dir: Path, result: dict[str, Any]) -> None:
     lines.append(f"Machine: {manifest.get('gpu_name')}, driver {manifest.get('driver_version')}, torch"
                  f" {manifest.get('torch_version')}, nvcc {manifest.get('nvcc_version')}, CUTLASS"
                  f" {manifest.get('cutlass_version')}.")
-    lines += ["", "| check | passed | detail |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {str(c['detail']).replace('|', '/')[:200]} |"
-              for c in result["checks"]]
-    if result.get("error"):
-        lines += ["", f"Error: {result['error']}", "", "```", result.get("traceback", ""), "```"]
+    lines += check_lines(result)
     report = run_dir / "report.md"
     if report.is_file():
         lines += ["", "---", "", report.read_text()]

@@ -38,6 +38,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from _common import check_lines
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
     sys.path.insert(0, str(REPO / "src"))
@@ -264,11 +266,7 @@ def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
                          f" {_fmt(d['speedup_vs_compile'], suffix='x')} | {_fmt(d['best_median_ms'], 4)} |"
                          f" {_fmt(d['sol_fraction'], 2)} | {d['llm_calls']} | {_fmt(d['gpu_s'], 3)} |"
                          f" {d['stop_reason']} |")
-    lines += ["", "| check | passed | detail |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {str(c['detail']).replace('|', '/')[:200]} |"
-              for c in result["checks"]]
-    if result.get("error"):
-        lines += ["", f"Error: {result['error']}", "", "```", result.get("traceback", ""), "```"]
+    lines += check_lines(result)
     lines += ["", "The search trees, the trajectories and the best speedup against budget (model calls and GPU"
               " seconds) are in bench-report.md / bench-report.html."]
     (args.out / "beam-h200.md").write_text("\n".join(lines) + "\n")
