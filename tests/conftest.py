@@ -54,6 +54,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike, so the lists agree
+        items.sort(key=_heavy_first)
+
+
+def _heavy_first(item) -> int:
+    """Long work is handed out first, so that no core waits alone for it at the end of a parallel run:
+    the files whose module-scoped fixture runs a whole bench or cluster, then nvcc compiles, then the
+    rest (a stable sort keeps collection order within each)."""
+    if _defines_module_fixture(Path(str(item.fspath))):
+        return 0
+    return 1 if "nvcc" in item.keywords else 2
 
 
 _MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["']module["']""")

@@ -511,3 +511,18 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
     except (OSError, IndexError):
         return False
+
+
+def test_a_reference_kept_on_the_host_is_said_in_the_verdict():
+    from types import SimpleNamespace
+
+    from cutegen.evaluate.pipeline import _note_reference
+    from cutegen.evaluate.verdict import VerdictBuilder
+
+    def checks(home: str, device: str) -> list[str]:
+        run = VerdictBuilder("t", "sha", EvalConfig())
+        _note_reference(run, SimpleNamespace(degenerate=(), data={"home": home}, job={"device": device}))
+        return [c.name for c in run.verdict().checks]
+
+    assert checks("cpu", "cuda") == ["trivial_solution_probe", "reference_on_host"]
+    assert checks("cuda:0", "cuda") == checks("cpu", "cpu") == ["trivial_solution_probe"]

@@ -2,7 +2,8 @@
 
 The rule (EVALUATION.md, "Correctness"): an element passes when `|out - ref| <= atol + rtol * |ref|`.
 Everything is computed in float64 so that the report itself adds no rounding, in chunks and on the
-output's GPU when it has one (`_chunks`), so that a large output needs no host copy of itself. NaN
+output's GPU when it has one (`_chunks`), so that a large output needs no host copy of itself; outputs
+equal to the reference element for element (`identical`) need none of it: every error is 0. NaN
 in both places and equal infinities count as equal (a reference that produces them is matched by
 producing them too); any other NaN or infinity in the difference is a mismatch with infinite error.
 

@@ -263,6 +263,10 @@ def _note_reference(run: VerdictBuilder, ref: Any) -> None:
     run.set(degenerate=ref.degenerate)
     detail = f"trivial solutions pass: {', '.join(ref.degenerate)}" if ref.degenerate else "no trivial solution passes"
     run.add(CheckResult("trivial_solution_probe", "correctness", True, detail))
+    if ref.job.get("device") == "cuda" and ref.data.get("home") == "cpu":
+        # Said in every verdict of the task: its comparisons then take minutes, not seconds.
+        run.add(CheckResult("reference_on_host", "correctness", True, "the reference's outputs did not fit in"
+                            " device memory and are kept on the host: each comparison reads them from there"))
 
 
 def _trial_payload(ref: Any, index: int) -> dict[str, Any]:

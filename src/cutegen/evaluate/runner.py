@@ -156,7 +156,7 @@ class CandidateSession:
         import torch
 
         from cutegen.evaluate.compare import compare_outputs, flatten_outputs
-        from cutegen.evaluate.correctness import DETERMINISM_FACTOR, tensors_of, to_device
+        from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, to_device
 
         self.release()
         inputs = self._inputs(payload)
@@ -169,14 +169,9 @@ class CandidateSession:
             self.hooks.synchronize()
             del args
         first, second = outs
-        pairs = list(zip(tensors_of(first), tensors_of(second)))
-        bitwise = len(pairs) == len(tensors_of(first)) and all(
-            a.shape == b.shape and a.dtype == b.dtype
-        and (torch.equal(a, b) or torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
-            for a, b in pairs)
         atol, rtol = payload["atol"] * DETERMINISM_FACTOR, payload["rtol"] * DETERMINISM_FACTOR
         tight = compare_outputs(flatten_outputs(second), flatten_outputs(first), atol, rtol)
-        return to_json({"bitwise": bitwise, "errors": tight, **self._integrity()})
+        return to_json({"bitwise": bitwise_equal(first, second), "errors": tight, **self._integrity()})
 
     def anticheat(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The op audit (where anticheat.DYNAMIC_CHECK_BACKENDS applies it): every aten op of one forward."""
