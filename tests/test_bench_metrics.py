@@ -151,3 +151,42 @@ def test_progress_counts_and_eta():
     assert snap.cost_usd == pytest.approx(1.5) and snap.gpu_s == pytest.approx(6.0)
     assert snap.eta_s == pytest.approx(60.0 / 1 * 3)  # one fresh task in 60 s, three to go
     assert math.isclose(snap.elapsed_s, 60.0)
+
+
+def test_an_evaluate_suite_says_what_is_still_running_when_no_verdict_comes(tmp_path):
+    """`on_waiting` hears of the running evaluations after `waiting_s` without a verdict, longest
+    first; a verdict resets the wait (no process is started: the executor is a stand-in)."""
+    import threading
+    import time
+
+    from cutegen.config import EvalConfig
+    from cutegen.errors import TaskError
+
+    tasks = load_tasks(Path(__file__).resolve().parents[1] / "examples" / "tasks")
+    folder = tmp_path / "candidates"
+    folder.mkdir()
+    for name in ("swish_scale", "matmul"):
+        (folder / f"{name}.py").write_text("class ModelNew:\n    pass\n")
+    release = threading.Event()
+
+    class Slow:
+        slots, lanes, build_jobs, retries = 2, 1, 1, []
+
+        def evaluate(self, path, task, config, **_):
+            if task.task_id == "matmul":
+                release.wait(10)
+            time.sleep(0.05)
+            raise TaskError(f"{task.task_id}: stand-in", "none")
+
+    notes: list[list] = []
+
+    def on_waiting(running):
+        notes.append(running)
+        release.set()
+
+    results = bench.evaluate_suite(tasks, folder, tmp_path / "run", EvalConfig(device="cpu", backend="torch"),
+                                   executor=Slow(),
+                                   on_waiting=on_waiting, waiting_s=0.3)
+    assert notes and [(task, sample) for task, sample, _ in notes[0]] == [("matmul", 0)]
+    assert notes[0][0][2] >= 0.3
+    assert {r.task_id for r in results if r.failure} == {"matmul", "swish_scale"}

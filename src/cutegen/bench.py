@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -591,11 +591,15 @@ def _jobs(tasks: list[Task], found: dict[tuple[str, int], Path], out_dir: Path, 
 
 
 EvaluateProgress = Callable[[BenchTaskResult, int, int, "Verdict | None"], None]  # (result, finished, total, verdict)
+# (task id, sample, seconds since its evaluation began) of each evaluation still running
+EvaluateWaiting = Callable[[list[tuple[str, "int | None", float]]], None]
+WAITING_NOTE_S = 60.0  # `on_waiting` hears of the running evaluations after this long without a verdict
 
 
 def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalConfig, *,
                    on_result: EvaluateProgress | None = None, build_jobs: int | None = None,
-                   executor: Any = None) -> list[BenchTaskResult]:
+                   executor: Any = None, on_waiting: EvaluateWaiting | None = None,
+                   waiting_s: float = WAITING_NOTE_S) -> list[BenchTaskResult]:
     """Judge every candidate file in `folder` against its task with `evaluate_candidate` and return a
     result per (task, sample) plus a "missing" result per task without a file. Resumable:
     verdicts.jsonl keeps what is finished.
@@ -606,7 +610,9 @@ def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalC
     of a Ray executor); a task's reference work is done once per GPU and serves all its samples there.
     Candidates are taken task by task, so a task's samples follow each other on a lane. Only this
     process writes verdicts.jsonl. Writes throughput.json: this session's evaluations per minute,
-    where their seconds went and how many were sent again (`throughput_summary`).
+    where their seconds went and how many were sent again (`throughput_summary`). `on_waiting` hears
+    of the evaluations still running each time `waiting_s` pass without a verdict (a log that says
+    nothing for minutes looks like a hang).
     """
     from cutegen.evaluate.executor import LocalExecutor
 
@@ -633,7 +639,7 @@ def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalC
     executor = LocalExecutor(config, build_jobs=build_jobs) if own else executor
     retried = len(executor.retries)  # a caller's executor may have served other runs
     try:
-        _judge_all(todo, out_dir, config, executor, log, judged)
+        _judge_all(todo, out_dir, config, executor, log, judged, on_waiting, waiting_s)
     finally:
         if own:
             executor.close()
@@ -691,24 +697,38 @@ def throughput_summary(verdicts: list[Verdict], wall_s: float, *, lanes: int, bu
 
 
 def _judge_all(todo: list[_Job], out_dir: Path, config: EvalConfig, executor: Any, log: _VerdictLog,
-               judged: Callable[[dict, _Job], None]) -> None:
-    """Every job through the executor, as many at once as it has slots; `judged` as each ends."""
+               judged: Callable[[dict, _Job], None], on_waiting: EvaluateWaiting | None = None,
+               waiting_s: float = WAITING_NOTE_S) -> None:
+    """Every job through the executor, as many at once as it has slots; `judged` as each ends (in
+    the order they end), `on_waiting` after each `waiting_s` without one."""
+    running: dict[str, float] = {}  # job key -> when its evaluation began (time.monotonic())
     with ThreadPoolExecutor(max_workers=executor.slots) as threads:
-        futures = {threads.submit(_judge, job, out_dir, config, executor, log): job for job in todo}
+        futures = {threads.submit(_judge, job, out_dir, config, executor, log, running): job for job in todo}
+        pending, order = set(futures), {future: k for k, future in enumerate(futures)}
         try:
-            for future in as_completed(futures):
-                judged(future.result(), futures[future])
+            while pending:
+                done, pending = wait(pending, timeout=waiting_s if on_waiting else None, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: order[f]):  # several can end at once
+                    judged(future.result(), futures[future])
+                if not done and on_waiting is not None:
+                    now = time.monotonic()
+                    jobs = sorted((job for job in todo if job.key in running), key=lambda j: running.get(j.key, now))
+                    on_waiting([(job.task.task_id, job.sample, now - running.get(job.key, now)) for job in jobs])
         except BaseException:  # a broken toolchain or an interrupt: start nothing more
             for future in futures:
                 future.cancel()
             raise
 
 
-def _judge(job: _Job, out_dir: Path, config: EvalConfig, executor: Any, log: _VerdictLog) -> dict:
+def _judge(job: _Job, out_dir: Path, config: EvalConfig, executor: Any, log: _VerdictLog,
+           running: dict[str, float]) -> dict:
+    running[job.key] = time.monotonic()
     try:
         verdict = executor.evaluate(out_dir / job.copy_path, job.task, config)
     except TaskError as err:  # the reference is broken: the task's problem, not the candidate's
         return log.add(job, None, err.problem)
+    finally:
+        running.pop(job.key, None)
     return log.add(job, verdict, None)
 
 

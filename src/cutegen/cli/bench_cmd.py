@@ -243,7 +243,14 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
                 typer.echo(f"[{finished}/{total}] " + bench.step_line(result.task_id, f"sample {result.sample_id}",
                                                                      verdict, result.failure))
 
-        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, executor=executor)
+        def on_waiting(running: list[tuple[str, Any, float]]) -> None:
+            if logging and running:
+                shown = ", ".join(f"{task} sample {sample} ({seconds:.0f} s)" for task, sample, seconds in running[:3])
+                more = f" and {len(running) - 3} more" if len(running) > 3 else ""
+                typer.echo(f"still judging {len(running)} candidate(s): {shown}{more}")
+
+        results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, executor=executor,
+                                       on_waiting=on_waiting)
     bench.write_results(out, results, kind="evaluate", evaluation=eval_fingerprint(config))
     _print_summary(out)
     _print_throughput(out)
