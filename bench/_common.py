@@ -3,9 +3,12 @@ on sys.path and `from _common import ...` finds this module."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -35,3 +38,12 @@ def check_lines(result: Mapping[str, Any]) -> list[str]:
     if result.get("error"):
         lines += ["", f"Error: {result['error']}", "", "```", result.get("traceback", ""), "```"]
     return lines
+
+
+def shown(text: str, repo: Path, places: Mapping[Path, str]) -> str:
+    """`text` naming no path of the machine it ran on: the interpreter as python3, each of `places` by
+    its name (the output folder as $OUT...), and paths in the repository relative to it."""
+    text = text.replace(sys.executable, "python3")
+    for path, name in places.items():
+        text = text.replace(str(path), name)
+    return text.replace(str(repo) + os.sep, "")

@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from _common import check_lines
+from _common import check_lines, shown
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
@@ -82,10 +82,7 @@ def main() -> int:
 
 
 def _shown(text: str, args: argparse.Namespace) -> str:
-    """`text` with this machine's paths replaced: the output folder ($OUT), the runs folder ($RUNS), the
-    repository (dropped: paths are shown relative to it) and the interpreter (python3)."""
-    return (text.replace(str(args.out), "$OUT").replace(str(args.runs_dir), "$RUNS")
-            .replace(str(REPO) + os.sep, "").replace(sys.executable, "python3"))
+    return shown(text, REPO, {args.out: "$OUT", args.runs_dir: "$RUNS"})
 
 
 def _manifest() -> dict[str, Any]:

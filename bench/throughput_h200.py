@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import shown
+
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = REPO / "bench" / "candidates" / "throughput"
 # Before: the evaluator as it was, measured by an end-to-end run (a frontier model's kernels for 8
@@ -43,10 +45,7 @@ BEFORE = {
 
 
 def _shown(text: str, args: argparse.Namespace) -> str:
-    """`text` with the machine's own paths made relative: the repository's, the output folder's
-    ($OUT) and the interpreter's (python3), so results name no path of the machine they ran on."""
-    return (text.replace(sys.executable, "python3").replace(str(args.out), "$OUT")
-            .replace(str(REPO) + os.sep, ""))
+    return shown(text, REPO, {args.out: "$OUT"})
 
 
 def with_variants(folder: Path, count: int, into: Path) -> Path:
