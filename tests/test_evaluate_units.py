@@ -437,6 +437,33 @@ def test_build_workers_run_niced_and_a_spare_is_warmed_without_waiting_for_its_s
         worker.close()
 
 
+def test_a_lane_pool_keeps_several_spares_and_warms_the_started_ones_when_a_worker_is_taken():
+    """A GPU lane's pool (here on the CPU, where warming has no context to make): a slot keeps
+    `spares` workers starting; taking one warms the spares that have imported torch, whose warm-up
+    answers twice (the context, then the rest), so `quiet` waits only for the first answer."""
+    from cutegen.evaluate.worker import WorkerPool
+
+    with WorkerPool("cpu", spares=2, warm_on_take=True, warm_profiler=False) as pool:
+        with pool.worker() as first:
+            spares = list(pool._spares[0])
+            assert len(spares) == 2 and first not in spares
+            # The oldest is asked at once (its warm-up waits in the channel); the younger one had
+            # not imported torch when the worker was taken.
+            assert spares[0]._warm_sent and not spares[1]._warm_sent
+            spares[1].wait_started(timeout_s=120)
+        # After the job, the spares that have started are asked to warm up (nothing is measured).
+        assert spares[1]._warm_sent
+        with pool.worker() as second:
+            assert second is spares[0] and second.info["ready"]
+            assert pool._spares[0][0] is spares[1] and len(pool._spares[0]) == 2
+            second.quiet()
+            assert spares[1]._context_made and not spares[1].info  # the profiler part may still run
+            second.settle()
+            assert spares[1].info["ready"]
+            assert not pool._spares[0][1]._warm_sent  # just started: still importing when taken
+        assert spares[1].wait_ready()["ready"]
+
+
 def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():
     import torch
     import torch.nn as nn
@@ -526,3 +553,60 @@ def test_a_reference_kept_on_the_host_is_said_in_the_verdict():
 
     assert checks("cpu", "cuda") == ["trivial_solution_probe", "reference_on_host"]
     assert checks("cuda:0", "cuda") == checks("cpu", "cpu") == ["trivial_solution_probe"]
+
+
+def test_the_reference_keeps_only_the_inputs_it_needs_and_probes_every_clean_trial(monkeypatch):
+    """Trials are made one at a time and their inputs dropped at once unless kept (trial 0 for the
+    ghost probe, the timing sets for the baselines): a gigabyte task holds every output but only
+    those inputs. The trivial-solution probe still covers every clean trial, and a reference that
+    runs out of device memory tries once more there before it moves its outputs to the host."""
+    import torch
+
+    from cutegen.evaluate import reference as reference_module
+    from cutegen.evaluate.jobs import reference_job
+    from cutegen.evaluate.probe import trivial_solution_probe
+
+    monkeypatch.setattr(reference_module, "_not_dumpable", lambda: None)  # this is the test's process
+    root = Path(__file__).resolve().parents[1]
+    config = EvalConfig(device="cpu", backend="torch")
+    task = load_task(root / "examples/tasks/swish_scale.py")
+    session = reference_module.ReferenceSession(reference_job(task, config, trials=5, adversarial=1, weight_seeds=2,
+                                                              probe=True))
+    held, make_trial = [], correctness.reference_trial
+
+    def counting(*args, **kwargs):  # which earlier trials still hold their inputs as the next is made
+        held.append([i for i, t in enumerate(session.trials) if t.inputs is not None])
+        return make_trial(*args, **kwargs)
+
+    monkeypatch.setattr(correctness, "reference_trial", counting)
+    data = session.reference()
+    assert held == [[], [0], [0], [0, 2], [0, 2], [0, 2, 4]]
+    assert data["timing_trials"] == [0, 2, 4]  # clean trials of weight seed 0, as many as timing input sets
+    assert [i for i, t in enumerate(session.trials) if t.inputs is not None] == [0, 2, 4]
+    clean = [i for i, t in enumerate(session.trials) if not t.adversarial]
+    passing = [set(trivial_solution_probe(session.trials[i].reference, session._inputs(i), session.atol, session.rtol))
+               for i in clean]
+    assert data["degenerate"] == sorted(set.intersection(*passing)) == []
+    assert [d["fingerprints"] for d in data["trials"]][1] == session.trials[1].fingerprints  # described before dropped
+
+    calls, slept = [], []
+
+    def running_out(times: int):
+        def attempt():
+            calls.append(str(session.home))
+            if len(calls) <= times:
+                raise torch.cuda.OutOfMemoryError("out of memory")
+            return {"home": str(session.home)}
+        return attempt
+
+    monkeypatch.setattr(reference_module.time, "sleep", slept.append)
+    monkeypatch.setattr(session, "_reference", running_out(1))
+    session.home = torch.device("cuda", 0)  # as on a GPU (these attempts allocate nothing)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    session.reference()
+    assert calls == ["cuda:0", "cuda:0"] and slept == [reference_module.OOM_RETRY_S]
+    assert session.home == torch.device("cuda", 0)  # the second attempt fit: outputs stay on the device
+    calls.clear()
+    monkeypatch.setattr(session, "_reference", running_out(2))
+    session.reference()
+    assert calls == ["cuda:0", "cuda:0", "cpu"]  # twice out of memory: the host keeps the outputs

@@ -180,9 +180,10 @@ class Verdict:
     needs_review: bool = False  # a speedup above the review threshold (not a failure)
     # (step, wall seconds) in first-call order, summed over each step's calls: where an evaluation's
     # time went. Steps: build_pool (the CPU build, off the GPU), queue (waiting for a GPU lane),
-    # reference, baselines, peaks (a task's first evaluation on a lane), worker (waiting for a warm
-    # worker), setup, build (import and load), weights, run_trial, compare, determinism, anticheat,
-    # ghost, settle, timing, timed_outputs, kernel_audit. gpu_s is the time the lane was held.
+    # make_room, reference, baselines, peaks (a task's first evaluation on a lane), worker (waiting for
+    # a warm worker), setup, build (import and load), quiet (waiting for spares' CUDA contexts),
+    # weights, run_trial, compare, determinism, anticheat, ghost, settle, timing, timed_outputs,
+    # kernel_audit. gpu_s is the time the lane was held.
     stage_s: tuple[tuple[str, float], ...] = ()
 
 

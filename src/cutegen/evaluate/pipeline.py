@@ -231,6 +231,9 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             call("setup", candidate_job(task, config, ref.job, ref.data, lane.evaluator.transfer))
             _judge_build(run, call("build", {"source": source}))
             run.stage = "correctness"
+            started = time.perf_counter()
+            worker.quiet()  # the lane's spares create their CUDA contexts before the first churn
+            run.timed("quiet", started)
             _correctness_stage(run, call, refcall, ref, config)
             run.stage = "anticheat"
             _anticheat_stage(run, call, refcall, ref, config)

@@ -21,9 +21,12 @@ Every command replies with measurements; the parent decides the verdict.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cutegen.records import to_json
+
+OOM_RETRY_S = 3.0  # before a reference that ran out of device memory tries again there
 
 
 def _model_class(module: Any) -> Any:
@@ -97,14 +100,18 @@ class ReferenceSession:
     def reference(self) -> dict[str, Any]:
         import torch
 
-        try:
-            return self._reference()
-        except torch.cuda.OutOfMemoryError:
-            # Gigabyte outputs of many trials may not fit beside the candidate's working set: keep
-            # them on the host, where comparisons read them chunk by chunk.
-            self.trials, self.home = [], torch.device("cpu")
-            torch.cuda.empty_cache()
-            return self._reference()
+        for attempt in range(2):
+            try:
+                return self._reference()
+            except torch.cuda.OutOfMemoryError:
+                self.trials = []
+                torch.cuda.empty_cache()
+                if attempt == 0:  # a process that held gigabytes may still be ending: once more, later
+                    time.sleep(OOM_RETRY_S)
+        # Gigabyte outputs of many trials may not fit beside the candidate's working set: keep them
+        # on the host, where comparisons read them chunk by chunk (each verdict says so).
+        self.home = torch.device("cpu")
+        return self._reference()
 
     def _reference(self) -> dict[str, Any]:
         import torch
@@ -119,26 +126,36 @@ class ReferenceSession:
         self.models = [c.build_model(_model_class(self.module), self.init_inputs, w, self.device)
                        for w in job["weight_seeds"]]
         weights = [{name: fingerprint(t) for name, t in m.state_dict().items()} for m in self.models]
-        plans = job["trials"]
-        first = c.reference_trial(self.module, self.models[plans[0]["weight"]], plans[0], self.device, True,
-                                  self.home)
-        clean_finite = c.all_finite(first.reference)
-        self.trials = [first] + [c.reference_trial(self.module, self.models[p["weight"]], p, self.device,
-                                                   clean_finite, self.home) for p in plans[1:]]
-        leaves = flatten_outputs(first.reference)
-        if not leaves or not all(isinstance(x, torch.Tensor) for x in leaves):
-            raise TypeError("the reference's forward must return a tensor or a tuple/list of tensors")
-        self.leaves = [{"dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)} for x in leaves]
-        dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
-        self.atol, self.rtol = job["tolerances"][dtype]
-        self.timing_indices = [i for i, t in enumerate(self.trials)
-                               if not t.adversarial and t.weight == 0 and t.reference is not None]
-        self.timing_indices = self.timing_indices[: max(1, job["timing"]["input_sets"])]
-        described = [self._describe(i, t) for i, t in enumerate(self.trials)]
-        degenerate = self._probe() if job.get("probe") else None
-        for i, trial in enumerate(self.trials):  # trial 0 feeds the ghost probe, the timing sets the baselines
-            if i != 0 and i not in self.timing_indices:
+        # One trial at a time: its inputs are described, probed and dropped before the next is drawn
+        # (trial 0's feed the ghost probe, the timing sets' the baselines), so that a task with
+        # gigabyte inputs holds every trial's outputs but only the inputs it keeps.
+        self.trials, self.timing_indices, described, degenerate = [], [], [], None
+        clean_finite = True
+        for index, plan in enumerate(job["trials"]):
+            trial = c.reference_trial(self.module, self.models[plan["weight"]], plan, self.device, clean_finite,
+                                      self.home)
+            self.trials.append(trial)
+            if index == 0:
+                first, clean_finite = trial, c.all_finite(trial.reference)
+                leaves = flatten_outputs(first.reference)
+                if not leaves or not all(isinstance(x, torch.Tensor) for x in leaves):
+                    raise TypeError("the reference's forward must return a tensor or a tuple/list of tensors")
+                self.leaves = [{"dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)} for x in leaves]
+                dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
+                self.atol, self.rtol = job["tolerances"][dtype]
+            described.append(self._describe(index, trial))
+            if trial.adversarial or trial.reference is None:
+                if index != 0:
+                    trial.inputs = None
+                continue
+            if job.get("probe") and (degenerate is None or degenerate):
+                degenerate = self._probe(trial, degenerate)
+            if trial.weight == 0 and len(self.timing_indices) < max(1, job["timing"]["input_sets"]):
+                self.timing_indices.append(index)
+            elif index != 0:
                 trial.inputs = None
+        if job.get("probe") and degenerate is None:
+            degenerate = []
         self._empty_cache()
         return {"dtype": dtype, "atol": self.atol, "rtol": self.rtol, "degenerate": degenerate,
                 "spec": output_spec(first.reference), "leaves": self.leaves, "trials": described,
@@ -157,18 +174,13 @@ class ReferenceSession:
                 "skipped": trial.reference is None, "note": trial.note, "ref_mutates": list(trial.ref_mutates),
                 "fingerprints": prints}
 
-    def _probe(self) -> list[str]:
-        """Trivial answers (zeros, a constant, an input) that pass every clean trial's reference."""
+    def _probe(self, trial: Any, names: list[str] | None) -> list[str]:
+        """The trivial answers (zeros, a constant, an input) among `names` (all, when None) that pass
+        this clean trial's reference: over the trials, those that pass every one."""
         from cutegen.evaluate.probe import trivial_solution_probe
 
-        clean = [t for t in self.trials if not t.adversarial and t.reference is not None]
-        names = list(trivial_solution_probe(clean[0].reference, clean[0].inputs, self.atol, self.rtol))
-        for trial in clean[1:]:
-            if not names:
-                break
-            passing = set(trivial_solution_probe(trial.reference, trial.inputs, self.atol, self.rtol))
-            names = [n for n in names if n in passing]
-        return names
+        passing = list(trivial_solution_probe(trial.reference, trial.inputs, self.atol, self.rtol))
+        return passing if names is None else [n for n in names if n in passing]
 
     def memory_bytes(self) -> int:
         """Device memory this process holds (its allocator's reserve included)."""

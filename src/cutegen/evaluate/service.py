@@ -6,8 +6,9 @@
   several at once, beside the GPU's queue; a build error is judged from there and never takes a
   GPU, and on a machine with nvcc and no GPU the agent builds and repairs before it must stop;
 - one lane per GPU (`lane`): an evaluation holds a lane for its GPU work, one at a time, so nothing
-  else runs on that GPU while it measures. A lane keeps a warm spare candidate worker (its CUDA
-  context is created only after the previous evaluation's timing, never during one) and the
+  else runs on that GPU while it measures. A lane keeps LANE_SPARES spare candidate workers
+  starting (their CUDA contexts are created when an evaluation takes its worker or after its
+  timing, never during a churn or a measurement: see worker.py) and the
   task's reference processes (reference.py): started at a task's first evaluation on the lane,
   which also measures the task's baselines there (cached per device), then reused by every later
   candidate of the task, until memory makes room for another task's (least recently used first);
@@ -35,6 +36,10 @@ CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memor
 # evaluation passed over this many times goes next: in a beam search two tasks whose references
 # were both held kept the lane from a third task's first evaluation for minutes.
 MAX_PASSED_OVER = 6
+# Spare candidate workers a GPU lane keeps starting: a built candidate's evaluation holds the lane for
+# 2-3 s, starting a worker (importing torch, the CUDA context, the profiler) takes 5-9 s on an H200
+# whose other cores compile, and with one spare the lane waited for it: 5.6 s of a 10 s median.
+LANE_SPARES = 3
 CORES_PER_LANE = 2  # cores reserved for a GPU lane's workers when the machine has enough to spare
 # The build pool's workers and their compilers run at this niceness: a lane's spare worker and the
 # next reference process import torch on the same cores while fourteen compilers run there, and
@@ -75,7 +80,8 @@ class Lane:
         self.evaluator, self.gpu, self.cpus, self.spare_cpus = evaluator, gpu, cpus, spare_cpus
         cuda = evaluator.device == "cuda"
         self.pool = WorkerPool(evaluator.device, (gpu,) if cuda else (0,), log_tail_bytes=evaluator.log_tail_bytes,
-                               warm_spares=cuda, cpus=cpus, spare_cpus=spare_cpus)
+                               warm_spares=cuda, cpus=cpus, spare_cpus=spare_cpus,
+                               spares=LANE_SPARES if cuda else 1, warm_on_take=cuda)
         self.references: collections.OrderedDict[tuple, ReferenceProcess] = collections.OrderedDict()
         self.busy = False
         # The next task's reference process, started ahead (importing torch, and torch.compile's

@@ -11,12 +11,14 @@ The protocol (EVALUATION.md, "Isolation"):
   reference process (reference.py) serves many candidates but never runs one; only a reference
   process whose job was a suite's baselines takes another task's job, after releasing the last one
   (`baselines.BaselineWorker`); protocol.py keeps the roles apart. Start-up is paid in advance and
-  in two parts: a pool's spare imports torch as soon as the previous worker is taken (CPU work
-  only), and creates its CUDA context and loads the profiler (`begin_warm`) only when the pool's
-  user says nothing is being measured (service.py asks after each timing); before anything is
-  timed the job waits for the spare to finish what it is doing (`Worker.settle`), so start-up work
-  never overlaps a measurement. A pool can pin its workers to a set of CPU cores, away from the
-  compilers of a build pool.
+  in two parts: a pool's spares import torch as soon as they are started (CPU work only; a GPU
+  lane's pool keeps several, as an evaluation is shorter than a start), and create their CUDA
+  context and load the profiler (`begin_warm`) only when nothing is being measured: when a job
+  takes its worker (`warm_on_take`) and after each timing (service.py asks). The job waits for
+  the spares' CUDA contexts before it churns free memory (`Worker.quiet`: a context created while
+  a churn holds all free memory would fail) and for everything they do before anything is timed
+  (`Worker.settle`), so start-up work never overlaps a measurement. A pool can pin its workers to
+  a set of CPU cores, away from the compilers of a build pool.
 - Parent and worker talk over a private socket pair inherited as a file descriptor, in
   length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
   never stdout: what the candidate prints cannot pose as a result). The parent sends one command at a
@@ -183,8 +185,10 @@ class Worker:
         self.started: dict[str, Any] = {}  # the start-up report: torch imported, nothing on the GPU yet
         self.info: dict[str, Any] = {}  # after the warm-up: the device's description
         self._warm_sent = False
+        self._context_made = False  # the warm-up's first reply came: the CUDA context exists
         self.closed = False
         self.settle: Callable[[], None] = lambda: None  # set by the pool: see WorkerPool.worker
+        self.quiet: Callable[[], None] = lambda: None  # likewise
 
     def pin(self, cpus: tuple[int, ...] | None) -> None:
         """Move every thread of the worker to `cpus` (a spare starts elsewhere, on the build pool's
@@ -213,6 +217,19 @@ class Worker:
             self.started = reply
         return self.started
 
+    def has_started(self) -> bool:
+        """Whether the worker has imported torch, without waiting (False also for one that failed
+        to start: `wait_started` reports that)."""
+        if self.started or self.closed:
+            return bool(self.started)
+        try:
+            if not self.conn.poll(0):
+                return False
+            self.wait_started()
+        except (ToolchainError, WorkerDied):
+            return False
+        return True
+
     def begin_warm(self) -> None:
         """Let the worker create its CUDA context (and load the profiler) as soon as it has imported
         torch, without waiting for either: the pool asks for it only when no measurement is running
@@ -225,6 +242,15 @@ class Worker:
             self.conn.send_bytes(b'{"command": "warm"}')
             self._warm_sent = True
 
+    def wait_context(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Block until a warm-up that was asked for has created its CUDA context (the first of the
+        warm-up's two replies; the profiler loads after it). Nothing to wait for without a warm-up."""
+        if self._context_made or self.info or not self._warm_sent or self.closed:
+            return
+        self.wait_started(timeout_s)
+        self._warm_reply(self._receive(timeout_s, "worker_start_timeout", "warm-up"))
+        self._context_made = True
+
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
         """Block until the worker is warm: torch imported, CUDA context created, profiler loaded."""
         if not self.info:
@@ -232,17 +258,21 @@ class Worker:
             self.wait_started(timeout_s)
             if not self._warm_sent:
                 raise self._died("worker_crashed", "the channel broke before its warm-up")
-            reply = self._receive(timeout_s, "worker_start_timeout", "warm-up")
-            if not reply.get("ok"):
-                self.kill()
-                error = reply.get("error") or {}
-                raise ToolchainError(
-                    f"An evaluation worker could not start: {error.get('type', '')}: {error.get('message', reply)}",
-                    "Check that torch imports in this Python and, for --device cuda, that"
-                    " `python -c 'import torch; torch.zeros(1, device=\"cuda\")'` works.",
-                )
+            self.wait_context(timeout_s)
+            reply = self._warm_reply(self._receive(timeout_s, "worker_start_timeout", "warm-up"))
             self.info = {**self.started, **reply["data"]}
         return self.info
+
+    def _warm_reply(self, reply: dict[str, Any]) -> dict[str, Any]:
+        if not reply.get("ok"):
+            self.kill()
+            error = reply.get("error") or {}
+            raise ToolchainError(
+                f"An evaluation worker could not start: {error.get('type', '')}: {error.get('message', reply)}",
+                "Check that torch imports in this Python and, for --device cuda, that"
+                " `python -c 'import torch; torch.zeros(1, device=\"cuda\")'` works.",
+            )
+        return reply
 
     def call(self, command: str, payload: Any = None, *, timeout_s: float,
              timeout_reason: str = "run_timeout") -> dict[str, Any]:
@@ -327,8 +357,10 @@ class Worker:
 class WorkerPool:
     """Hands out fresh, warmed workers: one at a time per slot (a GPU index, or a CPU slot).
 
-    `worker()` blocks until a slot is free, takes that slot's warmed spare (starting a new spare for
-    the next job at once) and closes the worker when the block ends, whatever happened in it.
+    `worker()` blocks until a slot is free, takes that slot's oldest spare (starting a new one at
+    once: a slot keeps `spares` of them) and closes the worker when the block ends, whatever
+    happened in it. With `warm_on_take`, taking a worker lets the spares that have imported torch
+    warm up (the job then calls `quiet` before it churns memory and `settle` before it times).
     `warm_profiler=False` makes workers that start 3.5 s sooner on an H200, without TEARDOWN_CUPTI
     (see `worker_environment`): for a pool that never profiles (baselines, builds; no kernel audit).
     `warm_compile=True` makes workers import torch.compile's machinery while they wait (about 3 s
@@ -338,8 +370,10 @@ class WorkerPool:
     def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, cpu_slots: int = 1,
                  log_tail_bytes: int = 16384, warm_spares: bool = True, warm_profiler: bool = True,
                  warm_compile: bool = False, cpus: tuple[int, ...] | None = None,
-                 spare_cpus: tuple[int, ...] | None = None, nice: int = 0) -> None:
+                 spare_cpus: tuple[int, ...] | None = None, nice: int = 0, spares: int = 1,
+                 warm_on_take: bool = False) -> None:
         self.device, self.nice = device, nice
+        self.spares_per_slot, self.warm_on_take = max(1, spares), warm_on_take
         self.warm_profiler, self.warm_compile = warm_profiler, warm_compile
         # A taken worker runs on `cpus`; a spare starts on `spare_cpus` (the build pool's, where
         # importing torch cannot slow a measurement on `cpus`) and moves to `cpus` when taken.
@@ -350,7 +384,7 @@ class WorkerPool:
         self.warm_spares = warm_spares
         self.device_info: dict[str, Any] | None = None  # the last ready worker's report
         self._free = list(range(len(self.slots)))
-        self._spares: dict[int, Worker] = {}
+        self._spares: dict[int, list[Worker]] = {}  # slot -> its spares, oldest (taken next) first
         self._cond = threading.Condition()
 
     @classmethod
@@ -389,14 +423,19 @@ class WorkerPool:
             while not self._free:
                 self._cond.wait()
             slot = self._free.pop(0)
-            spare = self._spares.pop(slot, None)
+            waiting = self._spares.get(slot) or []
+            spare = waiting.pop(0) if waiting else None
         try:
             worker = self._ready(spare, slot)
             worker.pin(self.cpus)
             if self.warm_spares:
                 with self._cond:
-                    self._spares[slot] = self._spawn(slot)
+                    waiting = self._spares.setdefault(slot, [])
+                    waiting += [self._spawn(slot) for _ in range(self.spares_per_slot - len(waiting))]
                 worker.settle = lambda: self._settle(slot)
+                worker.quiet = lambda: self._quiet(slot)
+                if self.warm_on_take:
+                    self.warm_spare(slot)
             self.device_info = worker.info
             try:
                 yield worker
@@ -409,14 +448,19 @@ class WorkerPool:
                 self._cond.notify()
 
     def warm_spare(self, slot: int | None = None) -> None:
-        """Let the spare of `slot` (every slot's, when None) warm up now: create its CUDA context and
-        load the profiler. A spare only imports torch when it is started; its GPU work waits for
-        this, which the evaluation asks for once nothing it measures is left (after timing)."""
+        """Let the spares of `slot` (every slot's, when None) warm up now: create their CUDA contexts
+        and load the profiler. A spare only imports torch when it is started; its GPU work waits for
+        this, which the evaluation asks for when nothing it measures is running (when it takes its
+        worker, and after timing). The oldest spare is always asked (it is the next job's: its
+        warm-up waits in the channel until its import is done); a younger one only once it has
+        imported torch, so that `quiet` never waits for an import."""
         with self._cond:
-            spares = [w for k, w in self._spares.items() if slot is None or k == slot]
-        for spare in spares:
-            with contextlib.suppress(ToolchainError, WorkerDied):
-                spare.begin_warm()
+            slots = [(k, list(w)) for k, w in self._spares.items() if slot is None or k == slot]
+        for _, spares in slots:
+            for index, spare in enumerate(spares):
+                if index == 0 or spare.has_started():
+                    with contextlib.suppress(ToolchainError, WorkerDied):
+                        spare.begin_warm()
 
     def info(self) -> dict[str, Any]:
         """The device's description (name, torch version...) from a ready worker; learning it starts
@@ -424,8 +468,10 @@ class WorkerPool:
         if self.device_info is None:
             with self._cond:
                 slot = self._free[0] if self._free else 0
-                spare = self._spares.get(slot) or self._spawn(slot)
-                self._spares[slot] = spare
+                waiting = self._spares.setdefault(slot, [])
+                if not waiting:
+                    waiting.append(self._spawn(slot))
+                spare = waiting[0]
             self.device_info = spare.wait_ready()
         return self.device_info
 
@@ -434,17 +480,30 @@ class WorkerPool:
         its CUDA context, when its warm-up was asked for), so that no start-up work shares the GPU or
         the CPUs with a timing measurement."""
         self.wait_closed()
-        spare = self._spares.get(slot)
-        if spare is None:
-            return
-        try:
+
+        def settled(spare: Worker) -> None:
             if not self._spares_apart():
                 spare.wait_started()
             if spare._warm_sent:
                 spare.wait_ready()
-        except (ToolchainError, WorkerDied):  # a failed spare is replaced at the next acquire
-            with self._cond:
-                self._spares.pop(slot, None)
+
+        self._each_spare(slot, settled)
+
+    def _quiet(self, slot: int) -> None:
+        """Wait until no spare of the slot is creating its CUDA context: a job's churn takes all free
+        device memory for a moment, and a context created then would fail for want of it."""
+        self._each_spare(slot, lambda spare: spare.wait_context())
+
+    def _each_spare(self, slot: int, wait: Callable[[Worker], Any]) -> None:
+        with self._cond:
+            spares = list(self._spares.get(slot) or [])
+        for spare in spares:
+            try:
+                wait(spare)
+            except (ToolchainError, WorkerDied):  # a failed spare is replaced at the next acquire
+                with self._cond:
+                    if spare in self._spares.get(slot, []):
+                        self._spares[slot].remove(spare)
 
     def _ready(self, spare: Worker | None, slot: int) -> Worker:
         """A ready worker: the spare, or a new one when the spare failed to start (a spare that
@@ -462,7 +521,7 @@ class WorkerPool:
 
     def close(self) -> None:
         with self._cond:
-            spares, self._spares = list(self._spares.values()), {}
+            spares, self._spares = [w for waiting in self._spares.values() for w in waiting], {}
         for worker in spares:
             worker.kill()
         self.wait_closed()
@@ -494,16 +553,31 @@ def _startup_info(warm_compile: bool) -> dict[str, Any]:
     return info
 
 
+def _uses_cuda() -> bool:
+    import torch
+
+    return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and torch.cuda.is_available()
+
+
+def _create_context() -> None:
+    """The warm-up's first part: the CUDA context, and one small block in the caching allocator (the
+    profiler's warm-up then allocates nothing new)."""
+    import torch
+
+    if _uses_cuda():
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
 def _warm(warm_profiler: bool) -> dict[str, Any]:
-    """The warm-up the parent asks for once the GPU is free of measurements: create the CUDA context
-    (and load the profiler) now, off the critical path of the job."""
+    """The warm-up's second part, after `_create_context`: load the profiler and describe the device,
+    off the critical path of the job."""
     import platform
 
     import torch
 
     info: dict[str, Any] = {"cuda": torch.cuda.is_available()}
-    if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
-        torch.zeros(1, device="cuda").add_(1)
+    if _uses_cuda():
         if warm_profiler:
             _warm_profiler()
         props = torch.cuda.get_device_properties(0)
@@ -584,13 +658,17 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
         command = message.get("command")
         if command == "exit":
             return
-        if command == "warm":
+        if command == "warm":  # two replies: the CUDA context exists (Worker.wait_context), then warm
             warmed = time.perf_counter()
-            try:
-                reply = {"ok": True, "data": {**_warm(warm_profiler), "warm_s": time.perf_counter() - warmed}}
-            except BaseException as err:  # noqa: BLE001 - report why the device cannot be used
-                reply = {"ok": False, "error": {"type": type(err).__name__, "message": str(err)[:2000]}}
-            _send(conn, reply)
+            for part in (_create_context, lambda: _warm(warm_profiler)):
+                try:
+                    data = part() or {}
+                    reply = {"ok": True, "data": {**data, "warm_s": time.perf_counter() - warmed}}
+                except BaseException as err:  # noqa: BLE001 - report why the device cannot be used
+                    reply = {"ok": False, "error": {"type": type(err).__name__, "message": str(err)[:2000]}}
+                _send(conn, reply)
+                if not reply["ok"]:
+                    break
             continue
         _send(conn, protocol.run_command(state, command, message.get("payload")))
 
