@@ -16,6 +16,7 @@ stage medians, and the figures before this design as the issue that asked for it
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -200,7 +201,8 @@ def report(parts: list[dict[str, Any]], out: Path) -> str:
               f"Before: {BEFORE['source']}; its stage medians (max): "
               + ", ".join(f"{k} {BEFORE['stage_median_s'][k]} ({BEFORE['stage_max_s'][k]})" for k in BEFORE["stage_median_s"])
               + ". Not measured again on these candidates.", "",
-              f"{after['passed']} of {after['evaluations']} evaluations passed, over {after['tasks']} tasks.", "",
+              f"{after['passed']} of {after['evaluations']} evaluations passed, over {after['tasks']} tasks."
+              + _not_accepted(verdicts), "",
               "Median seconds of each step over the evaluations that ran it (build_pool runs on the CPU, beside"
               " the GPU; every other step holds the GPU lane):", "",
               "| " + " | ".join(stages) + " |", "|" + " --- |" * len(stages),
@@ -227,6 +229,13 @@ def report(parts: list[dict[str, Any]], out: Path) -> str:
     (out / "throughput-h200.json").write_text(json.dumps({"before": BEFORE, "after": after, "stage_median_s": stages,
                                                           "parts": [p["part"] for p in parts]}, indent=1))
     return text
+
+
+def _not_accepted(verdicts: list[dict[str, Any]]) -> str:
+    """' Not accepted: N (why: count, ...).' for the verdicts that did not pass, or ''."""
+    why = collections.Counter("task error" if v["task_error"] is not None else f"{v['failure']}"
+                              for v in verdicts if not v["passed"])
+    return f" Not accepted: {sum(why.values())} ({', '.join(f'{k}: {n}' for k, n in why.most_common())})." if why else ""
 
 
 def _fmt(value: Any) -> str:

@@ -214,3 +214,66 @@ def test_a_freed_lane_prefers_the_held_task_but_never_starves_another():
     # MAX_PASSED_OVER times, and its task is then the held one.
     assert order.index("other") == MAX_PASSED_OVER
     assert order[:MAX_PASSED_OVER] == [f"held{i}" for i in range(MAX_PASSED_OVER)]
+
+
+def test_a_candidate_gets_room_from_other_tasks_references_and_the_last_candidates_worker(monkeypatch):
+    """Other tasks' reference processes are closed, least recently used first, until they, this
+    task's and what the candidate needs fit in the GPU's memory; the last candidate's worker is
+    waited for when two candidates would not fit side by side; this task's reference stays. A
+    reference's size is what its latest reply reported (it grows as it serves candidates). No
+    process is started (the lane's references and the device's memory are set by hand)."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import service as service_module
+    from cutegen.evaluate.pipeline import _ReferenceCalls
+    from cutegen.evaluate.service import ReferenceProcess
+
+    gib = 1 << 30
+    service = Evaluator("cpu")
+    service.device = "cuda"  # what candidate_room asks; nothing here touches a device
+    lane = service.lanes[0]
+    closed: list[str] = []
+    waited: list[bool] = []
+    monkeypatch.setattr(lane.pool, "info", lambda: {"total_memory": 100 * gib})
+    monkeypatch.setattr(lane.pool, "wait_closed", lambda: waited.append(True))
+
+    def held(name: str, size_gib: int) -> ReferenceProcess:
+        worker = SimpleNamespace(close=lambda: closed.append(name))
+        ref = ReferenceProcess((name,), worker, {}, {}, (), memory_bytes=size_gib * gib)
+        lane.references[ref.key] = ref
+        return ref
+
+    def room(need_gib: int, current: ReferenceProcess) -> None:
+        monkeypatch.setattr(service_module, "_candidate_bytes", lambda task, config: need_gib * gib)
+        lane.candidate_room(SimpleNamespace(), None, current)
+
+    held("oldest", 40), held("older", 30)
+    current = held("current", 20)
+    room(25, current)  # 90 + 25 > 100: the oldest goes; 50 + 25 fits, and so do two candidates
+    assert closed == ["oldest"] and not waited and list(lane.references) == [("older",), ("current",)]
+    room(35, current)  # 50 + 35 fits, two candidates (50 + 70) do not: wait for the last one's end
+    assert closed == ["oldest"] and waited == [True]
+
+    # The current reference reports 75 GB after serving candidates: now the other one must go too,
+    # and the current one stays even where nothing else is left to close.
+    monkeypatch.setattr(_ReferenceCalls, "_send", lambda self, *a: {"ok": True, "data": {"memory_bytes": 75 * gib}})
+    _ReferenceCalls(None, lane, current, None, None)("compare", {})
+    assert current.memory_bytes == 75 * gib
+    room(35, current)
+    assert closed == ["oldest", "older"] and list(lane.references) == [("current",)]
+    room(80, current)
+    assert closed == ["oldest", "older"] and list(lane.references) == [("current",)]
+
+
+def test_the_candidates_memory_estimate_follows_the_tasks_trace():
+    from cutegen.evaluate.service import CANDIDATE_MARGIN_BYTES, _candidate_bytes
+    from cutegen.trace import trace_task
+
+    task = load_task(Path(__file__).resolve().parents[1] / "examples/tasks/swish_scale.py")
+    config = EvalConfig(device="cpu", backend="torch")
+    trace = trace_task(task)
+    inputs, outputs = trace.input_bytes, trace.output_bytes
+    timing = config.timing_input_sets * inputs + (config.timed_output_checks + 2) * outputs
+    assert _candidate_bytes(task, config) == max(2 * inputs + 2 * outputs, timing) + 2 * (trace.param_bytes or 0) \
+        + CANDIDATE_MARGIN_BYTES
+    assert _candidate_bytes(task, config) > CANDIDATE_MARGIN_BYTES

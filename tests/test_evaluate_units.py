@@ -610,3 +610,40 @@ def test_the_reference_keeps_only_the_inputs_it_needs_and_probes_every_clean_tri
     monkeypatch.setattr(session, "_reference", running_out(2))
     session.reference()
     assert calls == ["cuda:0", "cuda:0", "cpu"]  # twice out of memory: the host keeps the outputs
+
+
+def test_inputs_are_never_drawn_on_the_host_because_the_device_ran_out_of_memory(monkeypatch):
+    """A host draw gives other values than a device draw of the same seed: a worker short of device
+    memory must not draw there (its fingerprints would differ and the task would be blamed). A task
+    whose get_inputs() cannot run on the device at all is drawn on the host, by every side alike."""
+    import types
+
+    import torch
+
+    from torch.overrides import _get_current_function_mode_stack
+
+    calls: list[str] = []
+
+    ones = torch.ones(2)  # made here: this torch may have no CUDA to make it under make_inputs' device
+
+    def module(error: BaseException, failures: int):  # get_inputs() fails `failures` times, wherever it runs
+        def get_inputs():
+            # Where it is drawn: the default device set by make_inputs (no tensor is made there here).
+            modes = [str(m.device) for m in _get_current_function_mode_stack() if hasattr(m, "device")]
+            calls.append(modes[-1] if modes else "cpu")
+            if len(calls) <= failures:
+                raise error
+            return [ones]
+        return types.SimpleNamespace(get_inputs=get_inputs)
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    out_of_memory = torch.cuda.OutOfMemoryError("out of memory")
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        correctness.make_inputs(module(out_of_memory, 2), 1, None, "cuda", "cpu")
+    assert calls == ["cuda", "cuda"]
+    calls.clear()
+    correctness.make_inputs(module(out_of_memory, 1), 1, None, "cuda", "cpu")
+    assert calls == ["cuda", "cuda"]  # the second device draw succeeded; never drawn on the host
+    calls.clear()
+    inputs = correctness.make_inputs(module(TypeError("numpy on a tensor"), 1), 1, None, "cuda", "cpu")
+    assert calls == ["cuda", "cpu"] and torch.equal(inputs[0], torch.ones(2))

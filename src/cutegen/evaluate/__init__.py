@@ -20,9 +20,11 @@ Threat analysis of the per-task reference process (EVALUATION.md's guarantees, a
 - Nor through device memory: the reference process never exports memory; the candidate's process
   exports its outputs (transfer.py) and the reference process maps them, read-only in intent, for
   one comparison. The reference process keeps freed device blocks in its own allocator while it
-  serves candidates (reference.ReferenceSession._empty_cache), and each candidate's first
-  correctness call, its determinism calls and its timing run on NaN-churned memory, so stale device
-  memory holds nothing of the reference's.
+  serves candidates, except where the candidate's next call churns (reference.ReferenceSession.
+  _empty_cache: after the ghost probe's perturbed forwards, which would otherwise hold tens of GB
+  of a gigabyte task), and each candidate's first correctness call, its determinism calls, its
+  ghost-probe calls and its timing run on NaN-churned memory, so stale device memory holds nothing
+  of the reference's.
 - Fresh inputs: the candidate's worker draws every trial's inputs itself from the trial's seed,
   which reaches it only when that trial runs; their fingerprints must equal the reference's draw
   (a mismatch is the task's error: get_inputs() that does not depend on the seed alone).

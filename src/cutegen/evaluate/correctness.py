@@ -94,19 +94,28 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
     tensors come from the device's generator, in milliseconds: the host's is serial, which makes
     KernelBench's largest inputs (8 GB of torch.rand) slow to draw. The values differ from a host
     draw of the same seed; every side of an evaluation gets copies of the same draw. A task
-    whose get_inputs() cannot run so (numpy on a tensor, not enough device memory) is drawn on the
-    host.
+    whose get_inputs() cannot run so (numpy on a tensor) is drawn on the host, by every side alike.
+    Running out of device memory is not such a task: a host draw there would give other values than
+    the other processes' device draws (and the evaluation would blame the task), so the draw is
+    tried once more after freeing cached memory, and the error is raised if it fails again.
     """
     import torch
 
     inputs = None
     if device is not None and torch.device(device).type == "cuda":
-        try:
-            _seed_all(seed)  # seeds the host's and every device's generator
-            with torch.device(device):
-                inputs = list(module.get_inputs())
-        except Exception:  # noqa: BLE001 - the host draw below raises the task's own error, if any
-            torch.cuda.empty_cache()
+        for attempt in range(2):
+            try:
+                _seed_all(seed)  # seeds the host's and every device's generator
+                with torch.device(device):
+                    inputs = list(module.get_inputs())
+                break
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if attempt == 1:
+                    raise
+            except Exception:  # noqa: BLE001 - the host draw below raises the task's own error, if any
+                torch.cuda.empty_cache()
+                break
     if inputs is None:
         _seed_all(seed)
         inputs = list(module.get_inputs())
@@ -292,7 +301,7 @@ def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol:
       memory is filled with NaN and released (`churn_free_memory`), so memory the candidate allocates
       cannot still hold a reference result. A trial's reference reaches the device only after the
       candidate's call on those inputs, so later trials can at most find a reference for other
-      inputs in freed memory; the calls that reuse earlier inputs (determinism, timing) churn again.
+      inputs in freed memory; the calls that reuse earlier inputs (determinism, ghost probe, timing) churn again.
     - Outputs must be exact torch.Tensor objects of the reference's shape, dtype and device
       (`check_output_types`), with no NaN/Inf where the reference has none (`check_nonfinite`).
     - An input the reference leaves unchanged must be unchanged after the candidate's call.

@@ -189,6 +189,8 @@ class _ReferenceCalls:
             self.lane.drop(self.ref)
             self.run.fail("output_transfer", "Reading the candidate's outputs broke the reference process's CUDA"
                           " context: return plain CUDA tensors from forward.")
+        if reply["ok"] and isinstance(reply["data"], dict) and "memory_bytes" in reply["data"]:
+            self.ref.memory_bytes = int(reply["data"]["memory_bytes"])  # it grows as it serves candidates
         if not reply["ok"]:
             error = reply["error"]
             if error.get("type") == "TransferError":
@@ -221,6 +223,9 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
         run.stage_s.setdefault(step, seconds)
     ref.evaluations += 1
     _note_reference(run, ref)
+    started = time.perf_counter()
+    lane.candidate_room(task, config, ref)
+    run.timed("make_room", started)
     started = time.perf_counter()
     with lane.candidate_worker() as worker:
         run.timed("worker", started)  # waiting for a warm worker (the lane's spare, when there is one)
@@ -294,7 +299,7 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
       clean trial's and the first heavy-tailed trial's inputs must have the reference's fingerprints.
     - Before the candidate's first call the device's free memory is filled with NaN and released
       (`churn_free_memory`), so memory the candidate allocates holds nothing it did not write; the
-      determinism and timing calls churn again.
+      determinism, ghost-probe and timing calls churn again.
     - Outputs must be exact torch.Tensor objects of the reference's shape, dtype and device
       (`check_output_types`, against the reference's output spec), with no NaN/Inf where the
       reference has none (`check_nonfinite`, in the reference process).

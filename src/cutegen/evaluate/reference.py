@@ -189,10 +189,11 @@ class ReferenceSession:
         return int(torch.cuda.memory_reserved()) if self.device.type == "cuda" else 0
 
     def _empty_cache(self) -> None:
-        """Give cached device memory back to the driver: only before a candidate's worker takes the
-        GPU (at the end of `reference` and `trim`), whose first trial churns all free memory. While
-        candidates are served, freed blocks (float64 chunks of reference outputs among them) stay in
-        this process's allocator, out of a candidate's reach."""
+        """Give cached device memory back to the driver: only where the candidate's worker churns all
+        free memory before its next call (at the end of `reference` and `trim`, before a candidate's
+        first trial; at the end of `ghost_plan`, before its ghost_run). Otherwise, while candidates
+        are served, freed blocks (float64 chunks of reference outputs among them) stay in this
+        process's allocator, out of a candidate's reach."""
         import torch
 
         if self.device.type == "cuda":
@@ -224,7 +225,8 @@ class ReferenceSession:
             mismatches = (list(first_mismatches(outs, refs, self.atol, self.rtol, ref_delta=delta))
                           if stats.mismatched_elements else [])
         return to_json({"findings": findings, "errors": stats, "first_mismatches": mismatches,
-                        "exact_note": self.delta_notes.get(index), "exact_used": delta is not None})
+                        "exact_note": self.delta_notes.get(index), "exact_used": delta is not None,
+                        "memory_bytes": self.memory_bytes()})
 
     def _inputs(self, index: int) -> list[Any]:
         """Trial `index`'s inputs: kept, or drawn again from its seed (and checked to be the same)."""
@@ -281,7 +283,12 @@ class ReferenceSession:
             if mask is not None and bool(mask.any()):
                 self.ghost_masks[index] = mask
                 plan.append({"index": index, "position": position, "delta": delta})
-        return {"plan": plan}
+        # The perturbed forwards' memory (a copy of the inputs, the output and the forward's
+        # temporaries: tens of GB for KernelBench's largest tasks, which left an honest candidate's
+        # timing without memory) goes back to the driver; the candidate's ghost_run, next, churns
+        # free memory before anything of it runs, so no perturbed output survives there.
+        self._empty_cache()
+        return {"plan": plan, "memory_bytes": self.memory_bytes()}
 
     def ghost_judge(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's outputs before and after one perturbation against the reference's mask."""
@@ -295,7 +302,8 @@ class ReferenceSession:
                 candidate = dyn.moved_mask(base, moved, float(payload["tol"]), dyn.GHOST_CANDIDATE_FACTOR)
         except TransferError:
             candidate = None
-        return {"finding": dyn.ghost_finding(index, position, candidate, self.ghost_masks[index])}
+        return {"finding": dyn.ghost_finding(index, position, candidate, self.ghost_masks[index]),
+                "memory_bytes": self.memory_bytes()}
 
     # -- baselines and the device's peaks
 

@@ -31,6 +31,9 @@ from cutegen.errors import TaskError
 from cutegen.records import Baselines, Peaks, Task
 
 REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of a lane may hold
+# Device memory a candidate's worker needs beyond its inputs and outputs (see `_candidate_bytes`): its
+# CUDA context, the L2 flush buffer, its forward's temporaries, and the lane's spares' contexts.
+CANDIDATE_MARGIN_BYTES = 8 << 30
 CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memory to measure)
 # A freed lane goes to a waiter whose task's reference it holds before older waiters, but an
 # evaluation passed over this many times goes next: in a beam search two tasks whose references
@@ -215,6 +218,26 @@ class Lane:
                 return
             self.drop(next(iter(self.references.values())))
 
+    def candidate_room(self, task: Task, config: Any, ref: ReferenceProcess) -> None:
+        """Before a candidate's worker starts: close other tasks' reference processes (least recently
+        used first) while they, this task's and what the candidate needs (`_candidate_bytes`) would
+        not fit in the GPU's memory, and wait for the last candidate's worker to end when the two
+        candidates would not fit side by side. (A reference grows after its baselines, by its
+        comparisons' and the ghost probe's work: its replies report its memory. On an H200, two
+        other tasks' references held 121 GB while an honest candidate ran out of memory.)"""
+        if self.evaluator.device != "cuda":
+            return
+        total = int(self.pool.info().get("total_memory") or 0)
+        need = _candidate_bytes(task, config)
+        if not total or not need:
+            return
+        for other in [r for r in self.references.values() if r is not ref]:  # least recently used first
+            if sum(r.memory_bytes for r in self.references.values()) + need <= total:
+                break
+            self.drop(other)
+        if sum(r.memory_bytes for r in self.references.values()) + 2 * need > total:
+            self.pool.wait_closed()
+
     # -- candidates
 
     @contextlib.contextmanager
@@ -383,6 +406,22 @@ def _reference_bytes(task: Task, config: Any) -> int:
         return 0
     trials = config.correctness_trials + config.adversarial_trials
     return trials * trace.output_bytes + (config.timing_input_sets + 1) * trace.input_bytes + (trace.param_bytes or 0)
+
+
+def _candidate_bytes(task: Task, config: Any) -> int:
+    """What a candidate's worker holds on the device at most, from the task's trace: during a
+    correctness trial its inputs twice (a pristine copy) and two outputs' worth (its own and its
+    forward's temporaries); during timing every timing input set, the outputs kept for checking and
+    one in flight; plus CANDIDATE_MARGIN_BYTES. 0 when the trace cannot say."""
+    from cutegen.trace import trace_task
+
+    trace = trace_task(task)
+    if trace.output_bytes is None or trace.input_bytes is None:
+        return 0
+    inputs, outputs = trace.input_bytes, trace.output_bytes
+    correctness = 2 * inputs + 2 * outputs
+    timing = config.timing_input_sets * inputs + (config.timed_output_checks + 2) * outputs
+    return max(correctness, timing) + 2 * (trace.param_bytes or 0) + CANDIDATE_MARGIN_BYTES
 
 
 def _split_cores(lanes: int, pin: bool) -> tuple[list[tuple[int, ...] | None], tuple[int, ...] | None]:
