@@ -277,3 +277,69 @@ def test_the_candidates_memory_estimate_follows_the_tasks_trace():
     assert _candidate_bytes(task, config) == max(2 * inputs + 2 * outputs, timing) + 2 * (trace.param_bytes or 0) \
         + CANDIDATE_MARGIN_BYTES
     assert _candidate_bytes(task, config) > CANDIDATE_MARGIN_BYTES
+
+
+def test_a_candidate_that_ran_out_of_the_evaluators_memory_is_evaluated_again(monkeypatch):
+    """Once, and only when the lane held memory it could give back (Lane.release_memory); the
+    verdict says so. Other failures, and running out beside nothing of the evaluator's, stand."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import pipeline
+    from cutegen.evaluate.verdict import VerdictBuilder
+    from cutegen.records import CheckResult
+
+    config = EvalConfig(device="cuda", backend="torch")
+    task = SimpleNamespace(task_id="t")
+    attempts: list[int] = []
+
+    def stages(failures: list[str]):
+        def run_stages(run, source, task, config, lane):
+            attempts.append(len(attempts))
+            if len(attempts) <= len(failures):
+                run.fail(failures[len(attempts) - 1], "it failed")
+            run.add(CheckResult("timing", "timing", True, "timed"))
+        return run_stages
+
+    def judge(failures: list[str], freed: str):
+        attempts.clear()
+        monkeypatch.setattr(pipeline, "_lane_stages", stages(failures))
+        run = VerdictBuilder("t", "sha", config)
+        run.add(CheckResult("static", "static", True, "no findings"))
+        return pipeline._lane_attempts(run, "", task, config, SimpleNamespace(release_memory=lambda: freed)).verdict()
+
+    verdict = judge(["out_of_memory"], "80.0 GiB in 2 reference process(es)")
+    assert verdict.passed and len(attempts) == 2
+    assert [c.name for c in verdict.checks] == ["static", "memory_retry", "timing"]
+    assert "80.0 GiB in 2 reference process(es)" in verdict.checks[1].detail
+    verdict = judge(["out_of_memory", "out_of_memory"], "80.0 GiB in 2 reference process(es)")
+    assert verdict.failure == "out_of_memory" and len(attempts) == 2  # once only
+    verdict = judge(["out_of_memory"], "")
+    assert verdict.failure == "out_of_memory" and len(attempts) == 1  # nothing of the evaluator's to free
+    verdict = judge(["mismatch"], "80.0 GiB in 2 reference process(es)")
+    assert verdict.failure == "mismatch" and len(attempts) == 1
+
+
+def test_a_lane_gives_back_memory_only_when_it_held_some_a_candidate_could_use(monkeypatch):
+    from types import SimpleNamespace
+
+    from cutegen.evaluate.service import ReferenceProcess
+
+    gib = 1 << 30
+    lane = Evaluator("cpu").lanes[0]
+    closed: list[str] = []
+
+    def held(name: str, size_gib: float, trimmed_gib: float) -> None:
+        lane.references[(name,)] = ReferenceProcess((name,), SimpleNamespace(close=lambda: closed.append(name)), {},
+                                                    {}, (), memory_bytes=int(size_gib * gib),
+                                                    trimmed_bytes=int(trimmed_gib * gib))
+
+    held("current", 60.5, 60)  # this task's, barely grown: nothing to give back
+    assert lane.release_memory() == "" and not closed
+    lane.ending_at_start = 1  # the last candidate's worker was still ending
+    assert lane.release_memory() == "60.5 GiB in 1 reference process(es) and 1 ending worker(s)"
+    assert closed == ["current"] and not lane.references
+    lane.ending_at_start = 0
+    held("current", 96, 60)  # grown by the ghost probe's forwards
+    assert lane.release_memory().startswith("96.0 GiB") and closed == ["current", "current"]
+    held("other", 40, 40), held("current", 20, 20)
+    assert lane.release_memory() == "60.0 GiB in 2 reference process(es)" and not lane.references

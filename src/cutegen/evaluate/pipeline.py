@@ -79,7 +79,7 @@ def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | 
             run.timed("queue", started)
             held = time.perf_counter()
             try:
-                _lane_stages(run, source, task, config, lane)
+                run = _lane_attempts(run, source, task, config, lane)
             finally:
                 run.gpu_s = time.perf_counter() - held
     except Stop:
@@ -213,6 +213,33 @@ class _ReferenceCalls:
         finally:
             self.run.timed(step or command, started)
         raise AssertionError("unreachable")
+
+
+def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> VerdictBuilder:
+    """`_lane_stages`, and once more when the candidate ran out of device memory while the evaluator
+    itself held memory it could give back (`Lane.release_memory`: other tasks' reference processes,
+    this task's grown past its size after the baselines, a worker still ending): an honest candidate
+    must not fail for the evaluator's memory. The builder whose verdict counts is returned; a
+    retried verdict carries a `memory_retry` check that says what was freed."""
+    kept = (list(run.checks), dict(run.fields))
+    try:
+        _lane_stages(run, source, task, config, lane)
+        return run
+    except Stop:
+        if run.failure != "out_of_memory" or config.device != "cuda":
+            return run
+        freed = lane.release_memory()
+        if not freed:
+            return run
+    again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
+    again.checks, again.fields, again.stage_s = kept[0], kept[1], dict(run.stage_s)
+    again.add(CheckResult("memory_retry", "correctness", True, f"the first attempt ran out of device memory while"
+                          f" the evaluator held {freed}; that was freed and the candidate evaluated again"))
+    try:
+        _lane_stages(again, source, task, config, lane)
+    except Stop:
+        pass
+    return again
 
 
 def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> None:

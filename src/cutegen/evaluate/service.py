@@ -63,6 +63,7 @@ class ReferenceProcess:
     peaks: Peaks | None = None
     measured: bool = False  # baselines and peaks looked up (from the caches or measured)
     memory_bytes: int = 0
+    trimmed_bytes: int = 0  # memory_bytes after the baselines (it grows as the process serves candidates)
     evaluations: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -87,6 +88,7 @@ class Lane:
                                spares=LANE_SPARES if cuda else 1, warm_on_take=cuda)
         self.references: collections.OrderedDict[tuple, ReferenceProcess] = collections.OrderedDict()
         self.busy = False
+        self.ending_at_start = 0  # workers still ending when the current candidate's worker started
         # The next task's reference process, started ahead (importing torch, and torch.compile's
         # machinery for the baselines: seconds of CPU, nothing on the GPU until its first command).
         self.reference_spare: Any = None
@@ -196,6 +198,7 @@ class Lane:
         reply = ref.worker.call("trim", timeout_s=config.run_timeout_s)
         if reply.get("ok"):
             ref.memory_bytes = int(reply["data"].get("memory_bytes") or 0)
+        ref.trimmed_bytes = ref.memory_bytes
         ref.measured, ref.seconds = True, seconds
         return ref
 
@@ -227,6 +230,7 @@ class Lane:
         other tasks' references held 121 GB while an honest candidate ran out of memory.)"""
         if self.evaluator.device != "cuda":
             return
+        self.ending_at_start = self.pool.closing()
         total = int(self.pool.info().get("total_memory") or 0)
         need = _candidate_bytes(task, config)
         if not total or not need:
@@ -237,6 +241,26 @@ class Lane:
             self.drop(other)
         if sum(r.memory_bytes for r in self.references.values()) + 2 * need > total:
             self.pool.wait_closed()
+        self.ending_at_start = self.pool.closing()
+
+    def release_memory(self) -> str:
+        """After a candidate ran out of device memory: close the lane's reference processes and wait
+        for its ending workers, when that frees something the candidate could have used (other
+        tasks' references; this task's grown by more than 1 GiB past its size after the baselines; a
+        worker still ending). Says what was freed; "" when nothing would be (the candidate is then
+        judged as it is)."""
+        refs = list(self.references.values())
+        grown = [r for r in refs if r.memory_bytes > r.trimmed_bytes + (1 << 30)]
+        ending = self.ending_at_start  # (the candidate's own worker is ending now: not counted)
+        if len(refs) < 2 and not grown and not ending:
+            return ""
+        held = sum(r.memory_bytes for r in refs)
+        for ref in refs:
+            self.drop(ref)
+        self.pool.wait_closed()
+        parts = [f"{held / 2**30:.1f} GiB in {len(refs)} reference process(es)"] + \
+            [f"{ending} ending worker(s)"] * bool(ending)
+        return " and ".join(parts)
 
     # -- candidates
 

@@ -411,6 +411,11 @@ class WorkerPool:
         with self._cond:
             self._closing = [t for t in self._closing if t.is_alive()] + [thread]
 
+    def closing(self) -> int:
+        """How many workers are still ending in the background."""
+        with self._cond:
+            return sum(t.is_alive() for t in self._closing)
+
     def wait_closed(self) -> None:
         with self._cond:
             closing, self._closing = list(self._closing), []
