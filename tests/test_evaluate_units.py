@@ -647,3 +647,53 @@ def test_inputs_are_never_drawn_on_the_host_because_the_device_ran_out_of_memory
     calls.clear()
     inputs = correctness.make_inputs(module(TypeError("numpy on a tensor"), 1), 1, None, "cuda", "cpu")
     assert calls == ["cuda", "cpu"] and torch.equal(inputs[0], torch.ones(2))
+
+
+def test_the_candidates_ghost_run_churns_free_memory_before_the_candidate_runs(tmp_path, monkeypatch):
+    """The reference process gives the ghost probe's perturbed forwards back to the driver at the end
+    of ghost_plan; the candidate's ghost_run must churn free memory before any of its code runs, so
+    no perturbed reference output can be found there."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import reference as reference_module
+    from cutegen.evaluate.jobs import candidate_job, reference_job
+    from cutegen.evaluate.runner import CandidateSession
+
+    monkeypatch.setattr(reference_module, "_not_dumpable", lambda: None)  # this is the test's process
+    monkeypatch.chdir(tmp_path)  # the session exports outputs into its working directory
+    config = EvalConfig(device="cpu", backend="torch")
+    task = load_task(Path(__file__).resolve().parents[1] / "examples/tasks/swish_scale.py")
+    job = reference_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False)
+    made = reference_module.ReferenceSession(job).reference()
+    session = CandidateSession(candidate_job(task, config, job, made))
+    events: list[str] = []
+    session.hooks = SimpleNamespace(churn=lambda: events.append("churn"), synchronize=lambda: None)
+    model = session.module.Model(*session.init_inputs)
+    model.register_forward_pre_hook(lambda *args: events.append("candidate"))
+    session.models = {0: model}
+    try:
+        plan = job["trials"][0]
+        reply = session.ghost_run({"seed": plan["seed"], "weight": 0, "strength": None, "ref_mutates": [],
+                                   "index": 0, "position": 3, "delta": 8.0})
+    finally:
+        session.close()
+    assert events == ["churn", "candidate", "candidate"] and reply["perturbed"]["leaves"]
+
+
+def test_the_reference_gives_back_the_ghost_probes_memory_and_reports_its_own(monkeypatch):
+    """ghost_plan's perturbed forwards (tens of GB on a gigabyte task) go back to the driver at its
+    end, and every reply that can follow a candidate's work reports the process's device memory,
+    which the lane uses to make room for the next candidate."""
+    from cutegen.evaluate import reference as reference_module
+    from cutegen.evaluate.jobs import reference_job
+
+    monkeypatch.setattr(reference_module, "_not_dumpable", lambda: None)  # this is the test's process
+    config = EvalConfig(device="cpu", backend="torch")
+    task = load_task(Path(__file__).resolve().parents[1] / "examples/tasks/swish_scale.py")
+    session = reference_module.ReferenceSession(reference_job(task, config, trials=1, adversarial=0,
+                                                              weight_seeds=1, probe=False))
+    session.reference()
+    emptied: list[bool] = []
+    monkeypatch.setattr(session, "_empty_cache", lambda: emptied.append(True))
+    reply = session.ghost_plan({"tol": 1e-4})
+    assert emptied == [True] and "memory_bytes" in reply and reply["plan"]
