@@ -22,7 +22,6 @@ from cutegen.cli import app
 from cutegen.cli import options as opt
 
 EXIT_REJECTED = 1
-EXIT_NEEDS_GPU = 76  # as `cutegen optimize`: what this machine can judge passed, the rest needs a GPU
 stderr = Console(stderr=True)
 
 
@@ -73,6 +72,8 @@ def eval_command(
         with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
             verdict = evaluate_candidate(candidate, chosen, config, device_available=device_available(config))
     except NeedsDevice:
+        from cutegen.agent import EXIT_NEEDS_GPU  # as `cutegen optimize`: what can be judged here passed
+
         arch = config.runtime.arch
         built = f" and the build for {arch}" if arch else " (set CUTEGEN_ARCH, e.g. sm_90a, to build here too)"
         stderr.print(f"[yellow]needs a GPU:[/] {candidate.name} passed the static checks of backend {config.backend}"
