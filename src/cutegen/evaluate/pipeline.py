@@ -221,7 +221,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
     this task's grown past its size after the baselines, a worker still ending): an honest candidate
     must not fail for the evaluator's memory. The builder whose verdict counts is returned; a
     retried verdict carries a `memory_retry` check that says what was freed."""
-    kept = (list(run.checks), dict(run.fields))
+    checks, fields = list(run.checks), dict(run.fields)  # the static and build stages' (kept on a retry)
     try:
         _lane_stages(run, source, task, config, lane)
         return run
@@ -232,7 +232,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
         if not freed:
             return run
     again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
-    again.checks, again.fields, again.stage_s = kept[0], kept[1], dict(run.stage_s)
+    again.checks, again.fields, again.stage_s = checks, fields, dict(run.stage_s)
     again.add(CheckResult("memory_retry", "correctness", True, f"the first attempt ran out of device memory while"
                           f" the evaluator held {freed}; that was freed and the candidate evaluated again"))
     try:

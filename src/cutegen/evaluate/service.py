@@ -230,17 +230,15 @@ class Lane:
         other tasks' references held 121 GB while an honest candidate ran out of memory.)"""
         if self.evaluator.device != "cuda":
             return
-        self.ending_at_start = self.pool.closing()
         total = int(self.pool.info().get("total_memory") or 0)
         need = _candidate_bytes(task, config)
-        if not total or not need:
-            return
-        for other in [r for r in self.references.values() if r is not ref]:  # least recently used first
-            if sum(r.memory_bytes for r in self.references.values()) + need <= total:
-                break
-            self.drop(other)
-        if sum(r.memory_bytes for r in self.references.values()) + 2 * need > total:
-            self.pool.wait_closed()
+        if total and need:
+            for other in [r for r in self.references.values() if r is not ref]:  # least recently used first
+                if sum(r.memory_bytes for r in self.references.values()) + need <= total:
+                    break
+                self.drop(other)
+            if sum(r.memory_bytes for r in self.references.values()) + 2 * need > total:
+                self.pool.wait_closed()
         self.ending_at_start = self.pool.closing()
 
     def release_memory(self) -> str:
@@ -419,33 +417,40 @@ class Evaluator:
         self.close()
 
 
-def _reference_bytes(task: Task, config: Any) -> int:
-    """What a task's reference process will hold on the device, from the task's trace (no memory,
-    no arithmetic): every trial's outputs, and trial 0's and the timing trials' inputs (until the
-    baselines are measured); 0 when the trace cannot say."""
+def _trace_bytes(task: Task) -> tuple[int, int, int] | None:
+    """(input, output, parameter) bytes of one forward, from the task's trace (no memory, no
+    arithmetic); None when the trace cannot say."""
     from cutegen.trace import trace_task
 
     trace = trace_task(task)
     if trace.output_bytes is None or trace.input_bytes is None:
+        return None
+    return trace.input_bytes, trace.output_bytes, trace.param_bytes or 0
+
+
+def _reference_bytes(task: Task, config: Any) -> int:
+    """What a task's reference process will hold on the device: every trial's outputs, and trial 0's
+    and the timing trials' inputs (until the baselines are measured); 0 when the trace cannot say."""
+    sizes = _trace_bytes(task)
+    if sizes is None:
         return 0
+    inputs, outputs, params = sizes
     trials = config.correctness_trials + config.adversarial_trials
-    return trials * trace.output_bytes + (config.timing_input_sets + 1) * trace.input_bytes + (trace.param_bytes or 0)
+    return trials * outputs + (config.timing_input_sets + 1) * inputs + params
 
 
 def _candidate_bytes(task: Task, config: Any) -> int:
-    """What a candidate's worker holds on the device at most, from the task's trace: during a
-    correctness trial its inputs twice (a pristine copy) and two outputs' worth (its own and its
-    forward's temporaries); during timing every timing input set, the outputs kept for checking and
-    one in flight; plus CANDIDATE_MARGIN_BYTES. 0 when the trace cannot say."""
-    from cutegen.trace import trace_task
-
-    trace = trace_task(task)
-    if trace.output_bytes is None or trace.input_bytes is None:
+    """What a candidate's worker holds on the device at most: during a correctness trial its inputs
+    twice (a pristine copy) and two outputs' worth (its own and its forward's temporaries); during
+    timing every timing input set, the outputs kept for checking and one in flight; plus
+    CANDIDATE_MARGIN_BYTES. 0 when the trace cannot say."""
+    sizes = _trace_bytes(task)
+    if sizes is None:
         return 0
-    inputs, outputs = trace.input_bytes, trace.output_bytes
+    inputs, outputs, params = sizes
     correctness = 2 * inputs + 2 * outputs
     timing = config.timing_input_sets * inputs + (config.timed_output_checks + 2) * outputs
-    return max(correctness, timing) + 2 * (trace.param_bytes or 0) + CANDIDATE_MARGIN_BYTES
+    return max(correctness, timing) + 2 * params + CANDIDATE_MARGIN_BYTES
 
 
 def _split_cores(lanes: int, pin: bool) -> tuple[list[tuple[int, ...] | None], tuple[int, ...] | None]:
