@@ -250,6 +250,25 @@ def test_build_that_hangs_is_killed_at_the_build_timeout(tmp_path, service, conf
     assert after.passed
 
 
+def test_the_reference_gives_back_its_cache_right_before_the_candidates_timing(monkeypatch, service, config):
+    """Between the last comparison and the candidate's timing, which churns free memory first."""
+    from cutegen.evaluate import worker as worker_module
+
+    commands: list[str] = []
+    call = worker_module.Worker.call
+
+    def recording(self, command, *args, **kwargs):
+        commands.append(command)
+        return call(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module.Worker, "call", recording)
+    timed = replace(config, do_timing=True, timing_trials=3, warmup_trials=1, compile_baseline=False)
+    verdict = evaluate_candidate(HONEST / "row_softmax.py", task("row_softmax"), timed, service)
+    assert verdict.passed and verdict.stage == "timing", verdict.feedback
+    assert commands.count("give_back") == 1
+    assert commands[commands.index("give_back") + 1] == "timing"
+
+
 def test_timing_and_baselines_on_cpu_with_cache_hit(tmp_path, pool, service, config):
     timed = replace(config, do_timing=True, timing_trials=5, warmup_trials=1, compile_baseline=False)
     verdict = evaluate_candidate(HONEST / "swish_scale.py", task("swish_scale"), timed, service)

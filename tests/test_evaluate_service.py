@@ -14,7 +14,7 @@ import pytest
 from cutegen.config import EvalConfig, RuntimeConfig
 from cutegen.errors import TaskError
 from cutegen.evaluate.pipeline import evaluate_candidate
-from cutegen.evaluate.service import Evaluator
+from cutegen.evaluate.service import Evaluator, driver_use
 from cutegen.tasks import load_task
 
 from helpers import needs_nvcc
@@ -305,10 +305,12 @@ def test_a_candidate_that_ran_out_of_the_evaluators_memory_is_evaluated_again(mo
         monkeypatch.setattr(pipeline, "_lane_stages", stages(failures))
         run = VerdictBuilder("t", "sha", config)
         run.add(CheckResult("static", "static", True, "no findings"))
-        return pipeline._lane_attempts(run, "", task, config, SimpleNamespace(release_memory=lambda: freed)).verdict()
+        lane = SimpleNamespace(release_memory=lambda message: (told.append(message), freed)[1])
+        return pipeline._lane_attempts(run, "", task, config, lane).verdict()
 
+    told: list[str] = []  # the out-of-memory feedback, which names the device's processes
     verdict = judge(["out_of_memory"], "80.0 GiB in 2 reference process(es)")
-    assert verdict.passed and len(attempts) == 2
+    assert verdict.passed and len(attempts) == 2 and told == ["it failed"]
     assert [c.name for c in verdict.checks] == ["static", "memory_retry", "timing"]
     assert "80.0 GiB in 2 reference process(es)" in verdict.checks[1].detail
     verdict = judge(["out_of_memory", "out_of_memory"], "80.0 GiB in 2 reference process(es)")
@@ -328,9 +330,9 @@ def test_a_lane_gives_back_memory_only_when_it_held_some_a_candidate_could_use(m
     lane = Evaluator("cpu").lanes[0]
     closed: list[str] = []
 
-    def held(name: str, size_gib: float, trimmed_gib: float) -> None:
-        lane.references[(name,)] = ReferenceProcess((name,), SimpleNamespace(close=lambda: closed.append(name)), {},
-                                                    {}, (), memory_bytes=int(size_gib * gib),
+    def held(name: str, size_gib: float, trimmed_gib: float, pid: int = 0) -> None:
+        worker = SimpleNamespace(close=lambda: closed.append(name), process=SimpleNamespace(pid=pid))
+        lane.references[(name,)] = ReferenceProcess((name,), worker, {}, {}, (), memory_bytes=int(size_gib * gib),
                                                     trimmed_bytes=int(trimmed_gib * gib))
 
     held("current", 60.5, 60)  # this task's, barely grown: nothing to give back
@@ -343,3 +345,59 @@ def test_a_lane_gives_back_memory_only_when_it_held_some_a_candidate_could_use(m
     assert lane.release_memory().startswith("96.0 GiB") and closed == ["current", "current"]
     held("other", 40, 40), held("current", 20, 20)
     assert lane.release_memory() == "60.0 GiB in 2 reference process(es)" and not lane.references
+    # Holding more than it reports, by the driver's count in PyTorch's message (on an H200, level1/36's
+    # reference was listed with 98.6 GiB beside an honest candidate that ran out; measured alone, the
+    # same reference held 49 GiB after its baselines).
+    oom = ("CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 4.23"
+           " GiB is free. Process 7284 has 98.60 GiB memory in use. Including non-PyTorch memory, this process"
+           " has 35.72 GiB memory in use. Process 7454 has 624.00 MiB memory in use.")
+    held("current", 49.5, 49, pid=7284)
+    assert lane.release_memory(oom) == "98.6 GiB in 1 reference process(es)" and not lane.references
+    held("current", 49.5, 49, pid=7454)  # listed within what it reports: nothing to give back
+    assert lane.release_memory(oom) == "" and lane.references
+    assert driver_use(oom) == {7284: int(98.6 * gib), 7454: 624 << 20}
+
+
+def test_a_reference_that_holds_far_more_than_it_keeps_after_its_baselines_is_replaced_once(monkeypatch):
+    """`trim` reports the process's memory; one far above its trials' outputs, trial 0's inputs and
+    its models is closed, and a new process (which finds the baselines in the cache) takes its place,
+    once: a second one is kept whatever it holds."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import baselines, service
+    from cutegen.evaluate.service import ReferenceProcess
+
+    gib = 1 << 30
+    config = EvalConfig(device="cpu", backend="torch")  # 5 trials + 1 heavy-tailed, 2 weight seeds
+    monkeypatch.setattr(service, "_trace_bytes", lambda task: (7 * gib, 7 * gib, 0))  # level1/36's sizes
+    monkeypatch.setattr(baselines, "measure_in_reference", lambda *args: (None, None))
+    lane = Evaluator("cpu").lanes[0]
+    started: list[str] = []
+    closed: list[str] = []
+
+    def held_after_trim(*sizes_gib: float):
+        sizes = iter(sizes_gib)
+
+        def reference(task, config):
+            name = f"process {len(started)}"
+            started.append(name)
+            size = int(next(sizes) * gib)
+            worker = SimpleNamespace(info={}, close=lambda: closed.append(name),
+                                     call=lambda command, **kw: {"ok": True, "data": {"memory_bytes": size}})
+            ref = ReferenceProcess((name,), worker, {}, {}, (), seconds={"reference": 1.0})
+            lane.references[(name,)] = ref
+            return ref
+        monkeypatch.setattr(lane, "reference", reference)
+
+    task = SimpleNamespace(task_id="level1/36")
+    held_after_trim(98.6, 49.0)
+    ref = lane.ready_reference(task, config)
+    assert started == ["process 0", "process 1"] and closed == ["process 0"]
+    assert ref.trimmed_bytes == 49 * gib and ref.seconds["reference"] == 2.0  # both processes' cost
+    started.clear(), closed.clear(), lane.references.clear()
+    held_after_trim(98.6, 98.6, 98.6)
+    assert lane.ready_reference(task, config).trimmed_bytes == int(98.6 * gib)
+    assert started == ["process 0", "process 1"] and closed == ["process 0"]  # replaced once only
+    started.clear(), closed.clear(), lane.references.clear()
+    held_after_trim(52.0)  # 49 GiB kept, allocator rounding: kept
+    assert lane.ready_reference(task, config).trimmed_bytes == 52 * gib and closed == []

@@ -680,20 +680,134 @@ def test_the_candidates_ghost_run_churns_free_memory_before_the_candidate_runs(t
     assert events == ["churn", "candidate", "candidate"] and reply["perturbed"]["leaves"]
 
 
-def test_the_reference_gives_back_the_ghost_probes_memory_and_reports_its_own(monkeypatch):
-    """ghost_plan's perturbed forwards (tens of GB on a gigabyte task) go back to the driver at its
-    end, and every reply that can follow a candidate's work reports the process's device memory,
-    which the lane uses to make room for the next candidate."""
+def _one_trial_reference(monkeypatch, name: str):
+    """A reference session of an example task, in this process, with one clean trial made."""
     from cutegen.evaluate import reference as reference_module
     from cutegen.evaluate.jobs import reference_job
 
     monkeypatch.setattr(reference_module, "_not_dumpable", lambda: None)  # this is the test's process
     config = EvalConfig(device="cpu", backend="torch")
-    task = load_task(Path(__file__).resolve().parents[1] / "examples/tasks/swish_scale.py")
+    task = load_task(Path(__file__).resolve().parents[1] / f"examples/tasks/{name}.py")
     session = reference_module.ReferenceSession(reference_job(task, config, trials=1, adversarial=0,
                                                               weight_seeds=1, probe=False))
     session.reference()
+    return session
+
+
+def test_the_reference_gives_back_the_ghost_probes_memory_and_reports_its_own(monkeypatch):
+    """ghost_plan's perturbed forwards (tens of GB on a gigabyte task) go back to the driver at its
+    end, the comparisons' cached blocks in `give_back` before the candidate's timing, and every reply
+    that can follow a candidate's work reports the process's device memory, which the lane uses to
+    make room for the next candidate."""
+    session = _one_trial_reference(monkeypatch, "swish_scale")
     emptied: list[bool] = []
     monkeypatch.setattr(session, "_empty_cache", lambda: emptied.append(True))
     reply = session.ghost_plan({"tol": 1e-4})
     assert emptied == [True] and "memory_bytes" in reply and reply["plan"]
+    assert session.give_back() == {"memory_bytes": 0} and emptied == [True, True]  # before the candidate's timing
+
+
+def _gemm_on_heavy_tails(seed: int):
+    """(A, B) of the example matmul task's shapes, made heavy-tailed as the adversarial trial does."""
+    import torch
+
+    from cutegen.evaluate.correctness import ADVERSARIAL_LADDER, adversarial_like
+
+    gen = torch.Generator().manual_seed(seed)
+    scale, power = ADVERSARIAL_LADDER[0]
+    return [adversarial_like(torch.randn(shape, generator=gen), seed * 2 + i, scale, power)
+            for i, shape in enumerate(((512, 256), (256, 384)))]
+
+
+def test_an_honest_fp32_sum_in_another_order_passes_within_the_redrawn_rounding():
+    """A GEMM summed k by k in fp32 (a plain SIMT kernel) is as honest as the reference's blocked
+    sum, but where an element of a heavy-tailed GEMM cancels, one float64 delta can find the reference
+    right by luck and the candidate not: the single-delta rule rejected it here. The reference's
+    rounding drawn again (`rounding_slack`) admits it on every draw; TF32 operands stay wrong."""
+    import torch
+
+    from cutegen.evaluate.compare import compare_outputs
+    from cutegen.evaluate.correctness import exact_delta, exact_model, rounding_slack
+
+    class MatMul(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b)
+
+    def summed_k_by_k(a, b):
+        acc = torch.zeros(a.shape[0], b.shape[1])
+        for k in range(a.shape[1]):
+            acc = acc + a[:, k:k + 1] * b[k:k + 1, :]  # each product and each sum rounded to fp32
+        return acc
+
+    def tf32(x):
+        return (x.view(torch.int32) + 0x1000 & ~0x1FFF).view(torch.float32)  # 10 mantissa bits, to nearest
+
+    model, cpu = MatMul(), torch.device("cpu")
+    single_delta_rejections = 0
+    for seed in range(12):
+        a, b = _gemm_on_heavy_tails(seed)
+        ref = model(a, b)
+        delta, note = exact_delta(exact_model(model), [a, b], ref, cpu)
+        assert note is None
+        slack, note = rounding_slack(model, exact_model(model), [a, b], ref, delta, cpu, seed)
+        assert note is None and bool((slack >= delta.abs()).all())
+        honest = summed_k_by_k(a, b)
+        single_delta_rejections += compare_outputs(honest, ref, 1e-4, 1e-4, delta).mismatched_elements > 0
+        assert compare_outputs(honest, ref, 1e-4, 1e-4, delta, slack).mismatched_elements == 0, seed
+        if seed < 2:
+            lower = (tf32(a).double() @ tf32(b).double()).float()
+            stats = compare_outputs(lower, ref, 1e-4, 1e-4, delta, slack)
+            assert stats.mismatched_elements > stats.total_elements // 2
+    assert single_delta_rejections >= 1  # what the redraws are for (4 of these 12 draws when written)
+
+
+def test_a_slack_replaces_the_deltas_own_distance_in_the_comparison():
+    import torch
+
+    from cutegen.evaluate.compare import compare_outputs, first_mismatches
+
+    ref, delta = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1e-5])
+    out = torch.tensor([1.0, 4e-4])  # 3.9e-4 from the float64 result: outside 1e-4 + |delta|
+    assert compare_outputs(out, ref, 1e-4, 1e-4, delta).mismatched_elements == 1
+    wide = torch.tensor([0.0, 3e-4])
+    stats = compare_outputs(out, ref, 1e-4, 1e-4, delta, wide)
+    assert (stats.mismatched_elements, stats.within_reference_error) == (0, 1)
+    assert first_mismatches(out, ref, 1e-4, 1e-4, ref_delta=delta, ref_slack=wide) == ()
+    assert first_mismatches(out, ref, 1e-4, 1e-4, ref_delta=delta, ref_slack=torch.tensor([0.0, 2e-4])) == \
+        ("output[0] at (1,): got 0.0004, expected 0",)
+    assert compare_outputs(out, ref, 1e-4, 1e-4, None, wide).mismatched_elements == 1  # no slack without a delta
+
+
+def test_the_reference_draws_its_rounding_again_only_where_few_elements_fail(monkeypatch, tmp_path):
+    """In the reference process's comparison: a candidate whose few failing elements are within the
+    redrawn rounding passes (the reply says the slack was used); a candidate wrong in many elements
+    gets no redraws, whatever they would say."""
+    import torch
+
+    from cutegen.evaluate.correctness import ENVELOPE_MAX_FRACTION
+    from cutegen.evaluate.transfer import export_outputs
+
+    session = _one_trial_reference(monkeypatch, "matmul")
+    ref = session.trials[0].reference
+    drawn: list[int] = []
+
+    def wide_slack(index, delta):
+        drawn.append(index)
+        return torch.full_like(delta, 1.0)
+
+    monkeypatch.setattr(session, "_slack", wide_slack)
+
+    def compare(out, name):
+        (tmp_path / name).mkdir()
+        descriptor, _ = export_outputs([out], tmp_path / name, via="file")
+        return session.compare({"trial": 0, "outputs": descriptor})
+
+    few = ref.clone()
+    few.view(-1)[:3] += 0.5  # 3 elements, far outside the tolerance and any float64 delta
+    reply = compare(few, "few")
+    assert drawn == [0] and reply["slack_used"] and reply["errors"]["mismatched_elements"] == 0
+    many = ref.clone()
+    count = int(ENVELOPE_MAX_FRACTION * many.numel()) + 1
+    many.view(-1)[:count] += 0.5
+    reply = compare(many, "many")
+    assert drawn == [0] and not reply["slack_used"] and reply["errors"]["mismatched_elements"] == count

@@ -22,9 +22,9 @@ Threat analysis of the per-task reference process (EVALUATION.md's guarantees, a
   one comparison. The reference process keeps freed device blocks in its own allocator while it
   serves candidates, except where the candidate's next call churns (reference.ReferenceSession.
   _empty_cache: after the ghost probe's perturbed forwards, which would otherwise hold tens of GB
-  of a gigabyte task), and each candidate's first correctness call, its determinism calls, its
-  ghost-probe calls and its timing run on NaN-churned memory, so stale device memory holds nothing
-  of the reference's.
+  of a gigabyte task, and in `give_back`, right before the candidate's timing), and each candidate's
+  first correctness call, its determinism calls, its ghost-probe calls and its timing run on
+  NaN-churned memory, so stale device memory holds nothing of the reference's.
 - Fresh inputs: the candidate's worker draws every trial's inputs itself from the trial's seed,
   which reaches it only when that trial runs; their fingerprints must equal the reference's draw
   (a mismatch is the task's error: get_inputs() that does not depend on the seed alone).

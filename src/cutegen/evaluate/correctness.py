@@ -267,6 +267,73 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
     return (deltas[0] if isinstance(reference, torch.Tensor) else deltas), None
 
 
+# The reference's rounding drawn again (`rounding_slack`). One float64 delta is one sample of the
+# reference's rounding error at each element; a candidate that sums in another order makes errors of
+# the same size at other elements, and where a sum cancels (a GEMM element near 0 on heavy-tailed
+# inputs) the reference can be right by luck where an honest candidate is not. On the example
+# GEMM's shapes with heavy-tailed inputs (the adversarial trial), a k-by-k fp32 sum was rejected by
+# the single delta in 6 of 12 draws and needed at most 2.9 times the envelope of three redraws
+# (tests/test_evaluate_units.py); TF32 operands stayed 8e4 times or more outside it in a simulation
+# of the same shapes, and a 3xTF32 kernel on an H200 failed one element of 196608 by the single delta.
+ENVELOPE_DRAWS = 3
+ENVELOPE_FACTOR = 16.0  # TF32 is 2^13 times coarser than fp32, bf16 2^16: both stay far outside
+ENVELOPE_MAX_FRACTION = 1e-3  # more failing elements than this is not rounding: no redraws
+
+
+def rounding_slack(model: Any, model64: Any, trial_inputs: list[Any], reference: Any, delta: Any,
+                   device: Any, seed: int) -> tuple[Any, str | None]:
+    """(per output leaf, the distance from the float64 result an element may keep beyond the
+    tolerance, or None; why not, or None): max(|delta|, ENVELOPE_FACTOR x the largest |float64 result
+    - reference| over ENVELOPE_DRAWS redraws). Each redraw moves the trial's floating inputs by at
+    most one unit in their last place (random, from `seed`), which leaves the function as it was and
+    draws its rounding anew, and runs `model` (the reference, at its precision) and `model64` on
+    them. An element outside `|out - (ref + delta)| <= tol + slack` is farther from the exact result
+    than the reference's own rounding reaches, by a margin no fp32-accurate candidate needs.
+    """
+    import torch
+
+    from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
+
+    if model is None or model64 is None or delta is None:
+        return None, "no float64 result"
+    leaves, deltas = flatten_outputs(reference), flatten_outputs(delta)
+    envelope = [torch.zeros_like(d) for d in deltas]
+    for draw in range(ENVELOPE_DRAWS):
+        gen = None
+        moved = []
+        for x in trial_inputs:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                x = x.detach().to(device)
+                if gen is None or gen.device != x.device:
+                    gen = torch.Generator(device=x.device).manual_seed(seed + draw)
+                step = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype).mul_(2).sub_(1)
+                moved.append(x + x * step.mul_(torch.finfo(x.dtype).eps))
+            else:
+                moved.append(to_device(x, device))
+        try:
+            with torch.no_grad():
+                rounded = flatten_outputs(model(*moved))
+                exact = flatten_outputs(model64(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                                  else t for t in moved]))
+        except Exception as err:  # noqa: BLE001 - out of memory, or a forward that refuses the redraw
+            return None, f"the redrawn reference failed: {type(err).__name__}"
+        del moved
+        if len(rounded) != len(leaves) or len(exact) != len(leaves) or any(
+                not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != e.shape
+                or b.shape != e.shape for a, b, e in zip(rounded, exact, envelope)):
+            return None, "the redrawn reference does not match the reference's structure"
+        for a, b, env in zip(rounded, exact, envelope):
+            flat_a, flat_b, flat_env = a.reshape(-1), b.reshape(-1), env.view(-1)
+            for start in range(0, flat_env.numel(), CHUNK_ELEMENTS):
+                part = slice(start, start + CHUNK_ELEMENTS)
+                e, r = flat_b[part].double(), flat_a[part].to(b.device, torch.float64)
+                gap = torch.where(torch.isfinite(e) & torch.isfinite(r), (e - r).abs(), torch.zeros_like(e))
+                torch.maximum(flat_env[part], gap.to(env.dtype), out=flat_env[part])
+        del rounded, exact
+    slack = [torch.maximum(d.abs(), env.mul_(ENVELOPE_FACTOR)) for d, env in zip(deltas, envelope)]
+    return (slack[0] if isinstance(reference, torch.Tensor) else slack), None
+
+
 def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_finite: bool,
                     home: Any = "cpu") -> Trial:
     """One trial's inputs and reference output, kept on `home`; an adversarial trial whose reference
@@ -310,7 +377,9 @@ def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol:
       also run in float64 (`exact_delta`, before the candidate is imported); an element outside the
       tolerance passes when it is no farther from that float64 result than the reference itself is,
       plus the tolerance: the reference's own rounding (a cancelling sum) is not held against a
-      candidate that is as accurate. Such elements are counted (`within_reference_error`).
+      candidate that is as accurate. Where a few elements (ENVELOPE_MAX_FRACTION) still fail, the
+      reference's rounding is drawn again (`rounding_slack`) and a wider envelope of it replaces that
+      distance. Such elements are counted (`within_reference_error`).
     - Determinism (`determinism_run`): the first trial again, after another churn; the two outputs
       must agree within a tenth of the tolerance (bitwise equality is reported too). Reordered
       floating-point additions (atomics) stay well inside that; results that depend on leftover

@@ -218,7 +218,8 @@ class _ReferenceCalls:
 def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> VerdictBuilder:
     """`_lane_stages`, and once more when the candidate ran out of device memory while the evaluator
     itself held memory it could give back (`Lane.release_memory`: other tasks' reference processes,
-    this task's grown past its size after the baselines, a worker still ending): an honest candidate
+    this task's grown past its size after the baselines or past its report by the driver's count in
+    the out-of-memory message, a worker still ending): an honest candidate
     must not fail for the evaluator's memory. The builder whose verdict counts is returned; a
     retried verdict carries a `memory_retry` check that says what was freed."""
     checks, fields = list(run.checks), dict(run.fields)  # the static and build stages' (kept on a retry)
@@ -228,7 +229,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
     except Stop:
         if run.failure != "out_of_memory" or config.device != "cuda":
             return run
-        freed = lane.release_memory()
+        freed = lane.release_memory(run.feedback)
         if not freed:
             return run
     again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
@@ -350,7 +351,7 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
     if not check.passed:
         run.fail_check(check, check.detail)
     run.add(check)
-    entries, exact_used, exact_notes, churned = [], 0, set(), False
+    entries, exact_used, slack_used, exact_notes, churned = [], 0, 0, set(), False
     checked_prints = set()
     for made in ref.data["trials"]:
         index = made["index"]
@@ -372,6 +373,7 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
             entry["findings"] += compared["findings"]
             entry["errors"], entry["first_mismatches"] = compared["errors"], compared["first_mismatches"]
             exact_used += bool(compared.get("exact_used"))
+            slack_used += bool(compared.get("slack_used"))
             if compared.get("exact_note"):
                 exact_notes.add(compared["exact_note"])
         entries.append(entry)
@@ -386,7 +388,8 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
         run.fail(failure, feedback or failure)
     run.add(CheckResult("float64_reference", "correctness", True,
                         f"not used: {'; '.join(sorted(exact_notes))}" if exact_notes else
-                        f"consulted in {exact_used} of {len(stats)} trials (where the plain rule failed)"))
+                        f"consulted in {exact_used} of {len(stats)} trials (where the plain rule failed)"
+                        + (f", its rounding drawn again in {slack_used}" if slack_used else "")))
     first = _trial_payload(ref, 0)
     determinism = call("determinism", {**first, "atol": ref.data["atol"], "rtol": ref.data["rtol"]})
     _judge_integrity(run, determinism)
@@ -447,6 +450,7 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     from cutegen.evaluate.timing import random_trials
 
     indices = ref.data["timing_trials"]
+    refcall("give_back", step="timing")  # the reference's cached blocks: the timing sets' room
     data = call("timing", {"sets": [_trial_payload(ref, i) for i in indices], "trials": config.timing_trials,
                            "warmup": config.warmup_trials,
                            "keep": list(random_trials(config.timing_trials, config.timed_output_checks))})

@@ -25,7 +25,7 @@ import traceback
 from typing import Any, Callable
 
 _MAX_TEXT = 6000
-REFERENCE_COMMANDS = ("compare", "ghost_plan", "ghost_judge", "baseline", "trim")
+REFERENCE_COMMANDS = ("compare", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("build", "weights", "run_trial", "determinism", "anticheat", "ghost_run", "timing",
                       "kernel_audit", "reexport", "release")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of 
 # CUDA context, the L2 flush buffer, its forward's temporaries, and the lane's spares' contexts.
 CANDIDATE_MARGIN_BYTES = 8 << 30
 CPU_LANE_REFERENCES = 4  # reference processes a CPU lane keeps (no device memory to measure)
+# PyTorch's out-of-memory message lists the device's processes with the driver's count of their
+# memory, which also holds what a process's caching allocator does not report (its CUDA context,
+# libraries' workspaces, anything mapped outside torch). A reference process whose count there
+# exceeds its own report by more than this holds memory the lane did not know of.
+_DRIVER_USE = re.compile(r"Process (\d+) has ([\d.]+) (GiB|MiB) memory in use")
+DRIVER_USE_SLACK_BYTES = 2 << 30
 # A freed lane goes to a waiter whose task's reference it holds before older waiters, but an
 # evaluation passed over this many times goes next: in a beam search two tasks whose references
 # were both held kept the lane from a third task's first evaluation for minutes.
@@ -159,11 +166,13 @@ class Lane:
         ref.seconds["reference"] = round(time.perf_counter() - started, 3)
         return ref
 
-    def ready_reference(self, task: Task, config: Any) -> ReferenceProcess:
+    def ready_reference(self, task: Task, config: Any, replace_bloated: bool = True) -> ReferenceProcess:
         """`reference`, with the task's baselines and the device's peaks looked up once per
         reference process: from the caches, or measured in the reference process on its timing
         inputs, which it then drops. torch.compile that takes the process down is recorded as the
-        compile baseline's error, and eager is measured in a new reference process."""
+        compile baseline's error, and eager is measured in a new reference process. A process that
+        holds far more after its baselines than what it keeps (`_bloated`) is replaced once by one
+        that finds the baselines in the cache."""
         from dataclasses import replace
 
         from cutegen.evaluate.baselines import baselines_path, measure_in_reference
@@ -200,6 +209,12 @@ class Lane:
             ref.memory_bytes = int(reply["data"].get("memory_bytes") or 0)
         ref.trimmed_bytes = ref.memory_bytes
         ref.measured, ref.seconds = True, seconds
+        if replace_bloated and _bloated(task, config, ref.trimmed_bytes):
+            self.drop(ref)
+            fresh = self.ready_reference(task, config, replace_bloated=False)
+            fresh.seconds = {step: round(seconds.get(step, 0.0) + fresh.seconds.get(step, 0.0), 3)
+                             for step in {**seconds, **fresh.seconds}}
+            return fresh
         return ref
 
     def drop(self, ref: ReferenceProcess) -> None:
@@ -241,22 +256,25 @@ class Lane:
                 self.pool.wait_closed()
         self.ending_at_start = self.pool.closing()
 
-    def release_memory(self) -> str:
+    def release_memory(self, message: str = "") -> str:
         """After a candidate ran out of device memory: close the lane's reference processes and wait
         for its ending workers, when that frees something the candidate could have used (other
-        tasks' references; this task's grown by more than 1 GiB past its size after the baselines; a
+        tasks' references; this task's grown by more than 1 GiB past its size after the baselines,
+        or holding more than it reports by the driver's count in the out-of-memory `message`; a
         worker still ending). Says what was freed; "" when nothing would be (the candidate is then
         judged as it is)."""
         refs = list(self.references.values())
-        grown = [r for r in refs if r.memory_bytes > r.trimmed_bytes + (1 << 30)]
+        use = driver_use(message)
+        held = {id(r): max(r.memory_bytes, use.get(_pid(r), 0)) for r in refs}
+        grown = [r for r in refs if r.memory_bytes > r.trimmed_bytes + (1 << 30)
+                 or held[id(r)] > r.memory_bytes + DRIVER_USE_SLACK_BYTES]
         ending = self.ending_at_start  # (the candidate's own worker is ending now: not counted)
         if len(refs) < 2 and not grown and not ending:
             return ""
-        held = sum(r.memory_bytes for r in refs)
         for ref in refs:
             self.drop(ref)
         self.pool.wait_closed()
-        parts = [f"{held / 2**30:.1f} GiB in {len(refs)} reference process(es)"] + \
+        parts = [f"{sum(held.values()) / 2**30:.1f} GiB in {len(refs)} reference process(es)"] + \
             [f"{ending} ending worker(s)"] * bool(ending)
         return " and ".join(parts)
 
@@ -417,6 +435,16 @@ class Evaluator:
         self.close()
 
 
+def driver_use(message: str) -> dict[int, int]:
+    """Bytes in use per process id, as an out-of-memory message of PyTorch lists them."""
+    unit = {"GiB": 1 << 30, "MiB": 1 << 20}
+    return {int(pid): int(float(size) * unit[scale]) for pid, size, scale in _DRIVER_USE.findall(message)}
+
+
+def _pid(ref: ReferenceProcess) -> int | None:
+    return getattr(getattr(ref.worker, "process", None), "pid", None)
+
+
 def _trace_bytes(task: Task) -> tuple[int, int, int] | None:
     """(input, output, parameter) bytes of one forward, from the task's trace (no memory, no
     arithmetic); None when the trace cannot say."""
@@ -437,6 +465,26 @@ def _reference_bytes(task: Task, config: Any) -> int:
     inputs, outputs, params = sizes
     trials = config.correctness_trials + config.adversarial_trials
     return trials * outputs + (config.timing_input_sets + 1) * inputs + params
+
+
+# A reference process after `trim` may hold this much more than its trials' outputs, trial 0's inputs
+# and its models (allocator rounding, the ghost probe's masks later) before it is replaced. On an H200,
+# level1/36's reference was listed with 98.6 GiB beside a candidate that ran out of memory, where the
+# same reference measured alone held 49 GiB after `trim`; a replaced process finds the baselines in
+# the cache and does not measure them again.
+BLOATED_FACTOR = 1.25
+BLOATED_MARGIN_BYTES = 2 << 30
+
+
+def _bloated(task: Task, config: Any, held: int) -> bool:
+    """Whether a reference process holding `held` bytes after `trim` holds far more than it keeps
+    (False when the trace cannot say, or on a CPU, where nothing is measured)."""
+    sizes = _trace_bytes(task) if held else None
+    if sizes is None:
+        return False
+    inputs, outputs, params = sizes
+    kept = (config.correctness_trials + config.adversarial_trials) * outputs + inputs + config.weight_seeds * params
+    return held > BLOATED_FACTOR * kept + BLOATED_MARGIN_BYTES
 
 
 def _candidate_bytes(task: Task, config: Any) -> int:
