@@ -11,7 +11,7 @@ import copy
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from cutegen.config import HALF_DTYPES
 from cutegen.records import CheckResult, ErrorStats
@@ -207,6 +207,20 @@ def all_finite(value: Any) -> bool:
 EXACT_AGREEMENT = 1e-2
 
 
+def _float64_gaps(ref: Any, exact: Any) -> Iterator[tuple[slice, Any, Any]]:
+    """(flat slice, the reference's chunk, float64 result minus reference) in float64 chunks of
+    CHUNK_ELEMENTS on the float64 result's device; 0 where either is not finite."""
+    import torch
+
+    from cutegen.evaluate.compare import CHUNK_ELEMENTS
+
+    flat_r, flat_e = ref.detach().reshape(-1), exact.detach().reshape(-1)
+    for start in range(0, flat_r.numel(), CHUNK_ELEMENTS):
+        part = slice(start, start + CHUNK_ELEMENTS)
+        r, e = flat_r[part].to(exact.device, torch.float64), flat_e[part].double()
+        yield part, r, torch.where(torch.isfinite(r) & torch.isfinite(e), e - r, torch.zeros_like(r))
+
+
 def exact_model(model: Any) -> Any | None:
     """A float64 copy of the reference model (None when it cannot be made): the same weights, so the
     same function evaluated with far less rounding."""
@@ -229,7 +243,7 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
     """
     import torch
 
-    from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
+    from cutegen.evaluate.compare import flatten_outputs
 
     if model64 is None or reference is None:
         return None, "no float64 copy of the reference model"
@@ -251,13 +265,10 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
             return None, "the float64 result does not match the reference's structure"
         delta = torch.empty(ref.shape, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32,
                             device=ex.device)
-        flat_r, flat_e, flat_d = ref.detach().reshape(-1), ex.detach().reshape(-1), delta.view(-1)
+        flat_d = delta.view(-1)
         sq_delta = sq_scale = 0.0
-        for start in range(0, flat_r.numel(), CHUNK_ELEMENTS):
-            r = flat_r[start:start + CHUNK_ELEMENTS].to(ex.device, torch.float64)
-            e = flat_e[start:start + CHUNK_ELEMENTS].double()
-            d = torch.where(torch.isfinite(r) & torch.isfinite(e), e - r, torch.zeros_like(r))
-            flat_d[start:start + CHUNK_ELEMENTS] = d
+        for part, r, d in _float64_gaps(ref, ex):
+            flat_d[part] = d
             sq_delta += float((d * d).sum())
             finite = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
             sq_scale += float((finite * finite).sum())
@@ -292,7 +303,7 @@ def rounding_slack(model: Any, model64: Any, trial_inputs: list[Any], reference:
     """
     import torch
 
-    from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
+    from cutegen.evaluate.compare import flatten_outputs
 
     if model is None or model64 is None or delta is None:
         return None, "no float64 result"
@@ -323,12 +334,9 @@ def rounding_slack(model: Any, model64: Any, trial_inputs: list[Any], reference:
                 or b.shape != e.shape for a, b, e in zip(rounded, exact, envelope)):
             return None, "the redrawn reference does not match the reference's structure"
         for a, b, env in zip(rounded, exact, envelope):
-            flat_a, flat_b, flat_env = a.reshape(-1), b.reshape(-1), env.view(-1)
-            for start in range(0, flat_env.numel(), CHUNK_ELEMENTS):
-                part = slice(start, start + CHUNK_ELEMENTS)
-                e, r = flat_b[part].double(), flat_a[part].to(b.device, torch.float64)
-                gap = torch.where(torch.isfinite(e) & torch.isfinite(r), (e - r).abs(), torch.zeros_like(e))
-                torch.maximum(flat_env[part], gap.to(env.dtype), out=flat_env[part])
+            flat_env = env.view(-1)
+            for part, _, gap in _float64_gaps(a, b):
+                torch.maximum(flat_env[part], gap.abs().to(env.dtype), out=flat_env[part])
         del rounded, exact
     slack = [torch.maximum(d.abs(), env.mul_(ENVELOPE_FACTOR)) for d, env in zip(deltas, envelope)]
     return (slack[0] if isinstance(reference, torch.Tensor) else slack), None
