@@ -8,7 +8,8 @@ Sections (each bounded; results are written after every section, so a run cut sh
   evaluate_candidate on CUDA under each backend it applies to: expected check, actual failure, OK /
   NOT-OK. "OK (earlier: X)" means another check rejected it first.
 - honest: tests/fixtures/honest/*.py and examples/candidates/*.py must pass under each of their
-  backends (the cute and cuda ones timed, against eager and torch.compile).
+  backends (the cute and cuda ones timed, against eager and torch.compile); with --honest-rounds N,
+  N times, each round in a new Evaluator (new reference processes: every seed drawn again).
 - faults: tests/fixtures/faults/*.py for CUDA (kernel that never ends, illegal address, host segfault,
   device OOM, build that hangs): the failure named, and the next evaluation (in a fresh worker) passes.
 - fidelity: examples/candidates/swish_scale_cute.py on 16384x4096 and 65536x4096 inputs, timed 5 times
@@ -115,9 +116,16 @@ def section_cheats(ctx: dict[str, Any]) -> dict[str, Any]:
 def section_honest(ctx: dict[str, Any]) -> dict[str, Any]:
     timed = replace(ctx["config"], timing_trials=30)
     paths = sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py"))
-    rows = run_many([(p, replace(timed, backend=backend, do_timing=backend != "torch"), None)
-                     for p in paths for backend in backends(p)], ctx["service"])
-    return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows)}
+    jobs = [(p, replace(timed, backend=backend, do_timing=backend != "torch"), None)
+            for p in paths for backend in backends(p)]
+    rows = [dict(row, round=1) for row in run_many(jobs, ctx["service"])]
+    for number in range(2, ctx["honest_rounds"] + 1):
+        if time.perf_counter() - ctx["begun"] > ctx["budget_s"]:
+            break
+        with Evaluator("cuda") as fresh:  # new reference processes: the trials' seeds drawn again
+            rows += [dict(row, round=number) for row in run_many(jobs, fresh)]
+    return {"rows": rows, "ok": sum(r["status"] == "OK" for r in rows), "total": len(rows),
+            "rounds": max(r["round"] for r in rows)}
 
 
 def section_faults(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +332,10 @@ def section_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
             "cached_builds_in_eval": sum("cached" in c.detail for v in verdicts for c in v.checks if c.name == "build")}
 
 
+def round_note(row: dict[str, Any]) -> str:
+    return f" (round {row['round']})" if row.get("round", 1) > 1 else ""
+
+
 def write_report(out: Path, results: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluator-h200.json").write_text(json.dumps(results, indent=1, default=str))
@@ -336,7 +348,8 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
         if "rows" in data:
             lines += ["", f"{data['ok']}/{data['total']} OK", "", "| fixture | backend | expected | failure | status |",
                       "|---|---|---|---|---|"]
-            lines += [f"| {Path(r['fixture']).name} | {r.get('backend', '-')} | {r['expected']} | {r.get('failure')}"
+            lines += [f"| {Path(r['fixture']).name}{round_note(r)}"
+                      f" | {r.get('backend', '-')} | {r['expected']} | {r.get('failure')}"
                       f" | {r['status']} |" for r in data["rows"]]
         else:
             lines += ["", "```", json.dumps({k: v for k, v in data.items() if k != "verdicts"}, indent=1,
@@ -352,6 +365,9 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="Start no further section once this many seconds have passed.")
     parser.add_argument("--cache", type=Path, default=None, help="Evaluation cache (default: a fresh temp dir).")
+    parser.add_argument("--honest-rounds", type=int, default=1,
+                        help="Evaluate the honest candidates this many times, each round with new seeds"
+                        " (a round starts only within --budget-s).")
     parser.add_argument("--no-compile-baseline", dest="compile_baseline", action="store_false",
                         help="Time eager only: no verdict depends on torch.compile's time, which costs ~25 s of"
                         " compiling per task (the speedups vs torch.compile are then missing).")
@@ -366,7 +382,8 @@ def main() -> int:
     with Evaluator("cuda") as service:
         config = EvalConfig(device="cuda", cache_dir=cache / "eval", runtime=runtime, run_timeout_s=120.0,
                             compile_baseline=args.compile_baseline)
-        ctx = {"service": service, "config": service.with_arch(config)}  # builds and evaluations share keys
+        ctx = {"service": service, "config": service.with_arch(config),  # builds and evaluations share keys
+               "honest_rounds": args.honest_rounds, "begun": begun, "budget_s": args.budget_s}
         for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
             if time.perf_counter() - begun > args.budget_s:
                 results["sections"][name] = {"error": f"skipped: the {args.budget_s:g} s budget was spent"}

@@ -152,6 +152,111 @@ def test_builds_run_in_the_cpu_pool_while_another_candidate_holds_the_lane(tmp_p
     assert all("build_pool" in dict(v.stage_s) for v in verdicts.values())
 
 
+SLOW_IMPORT = """
+import time
+
+time.sleep({sleep})  # imported in the build pool (its source names load_inline): a long build stand-in
+"""
+
+
+def test_a_tasks_reference_is_prepared_on_the_idle_lane_while_its_first_candidate_builds(tmp_path):
+    """The reference work (reference process, trials, probe) runs while the candidate builds, the
+    evaluation then finds it ready and counts the lane seconds it took as its own (`prepared`, in
+    gpu_s); the task's next candidate reuses it and reports none of it."""
+    cfg = config(tmp_path)
+    task = load_task(TASKS / "swish_scale.py")
+    slow = tmp_path / "slow_build.py"
+    slow.write_text(SLOW_IMPORT.format(sleep=4) + (HONEST / "swish_scale.py").read_text())
+    with Evaluator("cpu", prepare_ahead=True) as service:
+        first = evaluate_candidate(slow, task, cfg, service)
+        second = evaluate_candidate(HONEST / "swish_scale.py", task, cfg, service)
+        timeline = list(service.timeline)
+        (lane,) = service.lanes
+        assert len(lane.references) == 1
+    assert first.passed and second.passed, (first.feedback, second.feedback)
+    (prepare,) = [(start, end) for what, _, start, end in timeline if what == "prepare"]
+    build = [(start, end) for what, _, start, end in timeline if what == "build"][0]
+    first_lane = [(start, end) for what, _, start, end in timeline if what == "lane"][0]
+    assert prepare[0] < build[1] and prepare[1] <= first_lane[0], timeline  # beside the build, before the lane
+    steps = dict(first.stage_s)
+    assert {"reference", "prepared"} <= set(steps) and steps["prepared"] >= steps["reference"] > 0
+    assert first.gpu_s >= steps["prepared"] + (first_lane[1] - first_lane[0]) - 0.05
+    assert not {"reference", "prepared"} & set(dict(second.stage_s))
+
+
+def test_reference_work_ahead_waits_for_no_evaluation_and_closes_no_reference(monkeypatch):
+    """A request waits while an evaluation holds the lane or waits for one; it is dropped once its
+    task's evaluation waits (that evaluation does the work); a lane prepares only what fits beside
+    the references it holds. No process is started (Lane.prepare and the lane's references are
+    stand-ins)."""
+    import time
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import service as service_module
+    from cutegen.evaluate.service import Lane
+
+    service = Evaluator("cpu", prepare_ahead=True)
+    lane = service.lanes[0]
+    prepared: list[str] = []
+    monkeypatch.setattr(Lane, "prepare", lambda self, task, config:
+                        prepared.append((task.task_id, dict(service._waiting))) or True)
+    monkeypatch.setattr(service_module, "reference_key", lambda task, config: (task.task_id, task.source_sha256))
+    task = {name: SimpleNamespace(task_id=name, source_sha256="sha-" + name) for name in ("a", "b", "c")}
+
+    def settle_until(predicate, seconds: float = 5.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with service.lane(task["a"]):
+        service.prepare(task["b"], None)
+        service.prepare(task["b"], None)  # asked twice, prepared once
+        service.prepare(task["c"], None)
+        time.sleep(0.2)
+        assert prepared == []  # the lane is held
+        entered = threading.Event()
+
+        def evaluate_c() -> None:
+            entered.set()
+            with service.lane(task["c"]):
+                time.sleep(0.2)
+
+        waiter = threading.Thread(target=evaluate_c, daemon=True)
+        waiter.start()
+        entered.wait()
+        time.sleep(0.05)
+    waiter.join(timeout=10)
+    settle_until(lambda: len(prepared) >= 1)
+    time.sleep(0.2)
+    # b once no evaluation waited; c's request was dropped when its own evaluation asked for the lane
+    assert prepared == [("b", {})]
+    service.close()
+    service.prepare(task["a"], None)
+    assert prepared == [("b", {})]  # nothing after close
+
+    # What fits: a CPU lane keeps CPU_LANE_REFERENCES processes; a GPU lane REFERENCE_MEMORY_FRACTION
+    # of the device's memory, without closing any it holds.
+    monkeypatch.undo()
+    gib = 1 << 30
+    lane = Evaluator("cpu").lanes[0]
+    started: list[str] = []
+    monkeypatch.setattr(lane, "ready_reference", lambda task, config: started.append(task.task_id) or
+                        SimpleNamespace(seconds={"reference": 1.0}))
+    for k in range(service_module.CPU_LANE_REFERENCES):
+        lane.references[("held", k)] = SimpleNamespace(memory_bytes=0)
+    cfg = EvalConfig(device="cpu", backend="torch")
+    assert not lane.prepare(load_task(TASKS / "swish_scale.py"), cfg) and started == []
+    lane.evaluator.device = "cuda"  # what prepare asks; nothing here touches a device
+    monkeypatch.setattr(lane.pool, "info", lambda: {"total_memory": 100 * gib})
+    monkeypatch.setattr(service_module, "_reference_bytes", lambda task, config: 20 * gib)
+    lane.references.clear()
+    lane.references[("held", 0)] = SimpleNamespace(memory_bytes=31 * gib)  # 31 + 20 > 50
+    assert not lane.prepare(load_task(TASKS / "swish_scale.py"), cfg) and started == []
+    lane.references[("held", 0)].memory_bytes = 30 * gib
+    assert lane.prepare(load_task(TASKS / "swish_scale.py"), cfg) and started == ["swish_scale"]
+    assert list(lane.references) == [("held", 0)]  # the stand-in ready_reference keeps nothing; none closed
+
+
 def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
     import torch
 

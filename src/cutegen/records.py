@@ -180,7 +180,8 @@ class Verdict:
     needs_review: bool = False  # a speedup above the review threshold (not a failure)
     # (step, wall seconds) in first-call order, summed over each step's calls: where an evaluation's
     # time went. Steps: build_pool (the CPU build, off the GPU), queue (waiting for a GPU lane),
-    # make_room, reference, baselines, peaks (a task's first evaluation on a lane), worker (waiting for
+    # make_room, reference, baselines, peaks (a task's first evaluation on a lane; with prepared, the
+    # lane seconds they took ahead, while the candidate built, counted in gpu_s), worker (waiting for
     # a warm worker), setup, build (import and load), quiet (waiting for spares' CUDA contexts),
     # weights, run_trial, compare, determinism, anticheat, ghost, settle, timing, timed_outputs,
     # kernel_audit. gpu_s is the time the lane was held.

@@ -12,6 +12,10 @@
   task's reference processes (reference.py): started at a task's first evaluation on the lane,
   which also measures the task's baselines there (cached per device), then reused by every later
   candidate of the task, until memory makes room for another task's (least recently used first);
+- reference work ahead (`prepare`): while a task's candidate builds in the pool, an idle lane that
+  no evaluation waits for starts the task's reference process and measures its baselines, where
+  it fits beside the references held without closing one; the task's first evaluation then finds
+  it ready and counts those lane seconds as its own (`prepared`);
 - on the CPU device, one lane and no spare (a spare would start on the cores being timed).
 
 The threat analysis of this design is the evaluate package's documentation (evaluate/__init__.py).
@@ -73,6 +77,9 @@ class ReferenceProcess:
     trimmed_bytes: int = 0  # memory_bytes after the baselines (it grows as the process serves candidates)
     evaluations: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    # The steps' seconds of a preparation ahead of the task's first evaluation (Lane.prepare), with
+    # `prepared`, the lane seconds it took: the first evaluation that takes the process reports them.
+    ahead: dict[str, float] = field(default_factory=dict)
 
 
 def reference_key(task: Task, config: Any) -> tuple:
@@ -110,7 +117,7 @@ class Lane:
         ref = self.references.get(key)
         if ref is not None and not ref.worker.closed:
             self.references.move_to_end(key)
-            ref.seconds = {}
+            ref.seconds, ref.ahead = ref.ahead, {}
             return ref
         if ref is not None:
             self.drop(ref)
@@ -217,6 +224,25 @@ class Lane:
             return fresh
         return ref
 
+    def prepare(self, task: Task, config: Any) -> bool:
+        """`ready_reference` ahead of the task's first evaluation, only where the task's reference
+        fits beside the lane's without closing one (a prepared reference that pushed out another
+        task's would cost that task its reference again); whether it was prepared. The caller holds
+        the lane. A failure is left to the task's evaluation, which meets it again and reports it."""
+        if reference_key(task, config) in self.references:
+            return False
+        if self.evaluator.device == "cuda":
+            total = int(self.pool.info().get("total_memory") or 0)
+            held = sum(r.memory_bytes for r in self.references.values())
+            if not total or held + _reference_bytes(task, config) > REFERENCE_MEMORY_FRACTION * total:
+                return False
+        elif len(self.references) >= CPU_LANE_REFERENCES:
+            return False
+        started = time.perf_counter()
+        ref = self.ready_reference(task, config)
+        ref.ahead = {**ref.seconds, "prepared": round(time.perf_counter() - started, 3)}
+        return True
+
     def drop(self, ref: ReferenceProcess) -> None:
         """Close a reference process (after it died, broke, or to make room)."""
         self.references.pop(ref.key, None)
@@ -316,10 +342,14 @@ class Evaluator:
     several candidates at once; each holds a lane only for its GPU work."""
 
     def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, build_jobs: int | None = None,
-                 log_tail_bytes: int = 16384, pin_cpus: bool = True) -> None:
+                 log_tail_bytes: int = 16384, pin_cpus: bool = True, prepare_ahead: bool | None = None) -> None:
+        """`prepare_ahead`: whether `prepare` starts a task's reference work on an idle lane while
+        its candidate builds (default: on a GPU; a CPU lane's reference would share the cores with
+        the builds)."""
         from cutegen.evaluate.worker import WorkerPool
 
         self.device, self.log_tail_bytes = device, log_tail_bytes
+        self.prepare_ahead = device == "cuda" if prepare_ahead is None else prepare_ahead
         lanes = list(gpus) if device == "cuda" else [None]
         lane_cpus, build_cpus = _split_cores(len(lanes), pin_cpus and device == "cuda")
         self.lanes = [Lane(self, gpu, cpus, build_cpus) for gpu, cpus in zip(lanes, lane_cpus)]
@@ -337,6 +367,9 @@ class Evaluator:
         # a lane, for a run's report of where time went and what overlapped (bounded: a long run keeps
         # the latest).
         self.timeline: collections.deque[tuple[str, str, float, float]] = collections.deque(maxlen=100_000)
+        self._to_prepare: list[tuple[Task, Any]] = []  # (task, config) in the order they were asked for
+        self._preparer: threading.Thread | None = None
+        self._closed = False
 
     @classmethod
     def for_config(cls, config: Any, **kwargs: Any) -> "Evaluator":
@@ -393,6 +426,9 @@ class Evaluator:
         with self._cond:
             ticket = self._tickets = self._tickets + 1
             self._waiting[ticket] = (task.task_id, task.source_sha256)
+            # the task's reference work is this evaluation's now: a request ahead for it is void
+            self._to_prepare = [(t, c) for t, c in self._to_prepare
+                                if (t.task_id, t.source_sha256) != self._waiting[ticket]]
             while (lane := self._free_lane_for(ticket)) is None:
                 self._cond.wait()
             del self._waiting[ticket]
@@ -410,6 +446,50 @@ class Evaluator:
                 lane.busy = False
                 self._cond.notify_all()
 
+    def prepare(self, task: Task, config: Any) -> None:
+        """Ask for the task's reference work ahead (module docstring): a background thread takes a
+        free lane for it when no evaluation waits for one; the request is dropped once the task's
+        evaluation asks for a lane or a lane holds its reference. `config` must be the one the evaluation
+        will use (after `with_arch`), as the reference is kept under its settings."""
+        if not self.prepare_ahead:
+            return
+        key = reference_key(task, config)
+        with self._cond:
+            if self._closed or any(key in lane.references for lane in self.lanes) or \
+                    any(reference_key(*asked) == key for asked in self._to_prepare):
+                return
+            self._to_prepare.append((task, config))
+            if self._preparer is None:
+                self._preparer = threading.Thread(target=self._prepare_loop, name="cutegen-prepare", daemon=True)
+                self._preparer.start()
+            self._cond.notify_all()
+
+    def _prepare_loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    self._to_prepare = [(t, c) for t, c in self._to_prepare
+                                        if not any(reference_key(t, c) in lane.references for lane in self.lanes)]
+                    free = [lane for lane in self.lanes if not lane.busy]
+                    if self._to_prepare and free and not self._waiting:
+                        break
+                    self._cond.wait()
+                task, config = self._to_prepare.pop(0)
+                lane = free[0]
+                lane.busy = True
+            began = time.monotonic()
+            try:
+                lane.prepare(task, config)
+            except Exception:  # noqa: BLE001 - the task's evaluation meets the failure again and reports it
+                pass
+            finally:
+                self.timeline.append(("prepare", task.task_id, began, time.monotonic()))
+                with self._cond:
+                    lane.busy = False
+                    self._cond.notify_all()
+
     def _free_lane_for(self, ticket: int) -> Lane | None:
         """The free lane whose best waiter is `ticket`, if any (under the condition's lock)."""
         for lane in self.lanes:
@@ -424,6 +504,12 @@ class Evaluator:
         return None
 
     def close(self) -> None:
+        with self._cond:
+            self._closed, self._to_prepare = True, []
+            self._cond.notify_all()
+            preparer = self._preparer
+        if preparer is not None:  # a preparation under way ends first: it holds a lane's processes
+            preparer.join()
         for lane in self.lanes:
             lane.close()
         self.builds.close()
