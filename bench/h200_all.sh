@@ -4,7 +4,7 @@
 #
 #   bash bench/h200_all.sh STEP [STEP ...]
 #
-# Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (420), probe (420), agent (240),
+# Steps (own limit in seconds): prebuild (150), runtime (120), evaluator (540), probe (420), agent (240),
 # agent_cuda (240: the same with the plain-CUDA replies under backend cuda), beam (240: `cutegen bench
 # --search beam:2,3` over three example tasks with hand-written recorded replies, backend torch),
 # profile (300), bench_evaluate (480), knowledge (420), gpu_tests (420), baselines (560), throughput (560:
@@ -37,7 +37,7 @@ step_command() {  # step, output folder -> the command line (and its limit in se
   case "$1" in
     prebuild)       echo "150 python3 bench/prebuild.py --cache $CACHE" ;;
     runtime)        echo "120 python3 bench/runtime_build.py --out $2" ;;
-    evaluator)      echo "420 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput} ${EVALUATOR_ARGS:-}" ;;
+    evaluator)      echo "540 python3 bench/evaluator_h200.py --out $2 --cache $CACHE --sections ${EVALUATOR_SECTIONS:-cheats,honest,faults,fidelity,throughput} ${EVALUATOR_ARGS:-}" ;;
     probe)          echo "420 python3 bench/probe_kernelbench_h200.py --out $2 --kernelbench .kernelbench" ;;
     agent)          echo "240 python3 bench/agent_replay_h200.py --out $2" ;;
     agent_cuda)     echo "240 python3 bench/agent_replay_h200.py --out $2 --backend cuda" ;;

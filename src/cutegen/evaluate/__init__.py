@@ -30,6 +30,10 @@ Threat analysis of the per-task reference process (EVALUATION.md's guarantees, a
   (a mismatch is the task's error: get_inputs() that does not depend on the seed alone).
 - Seeds stay fresh per run (os.urandom in the parent); a reference process lives at most for one
   run (one Evaluator), and the ghost probe's perturbations are drawn anew for every candidate.
+  A reference prepared ahead (service.Evaluator.prepare, while the task's candidate builds in the
+  CPU pool, whose workers never touch the device) is the same process, started earlier: it holds
+  the lane as an evaluation would, so nothing of a candidate runs on the GPU beside its trials or
+  baselines.
 - A forged output descriptor (a candidate that patches the worker's code) can at worst make the
   reference process fail or die: its shape and dtype are checked before anything is mapped, the
   parent then fails the candidate and replaces the reference process (`Lane.drop`).
