@@ -31,24 +31,43 @@ def config(tmp_path: Path, **over) -> EvalConfig:
     return EvalConfig(**fields)
 
 
-def test_a_tasks_second_candidate_reuses_its_reference_process(tmp_path):
+SLOW_IMPORT = """
+import time
+
+time.sleep({sleep})  # imported in the build pool (its source names load_inline): a long build stand-in
+"""
+
+
+def test_a_tasks_reference_is_prepared_while_its_first_candidate_builds_and_reused_by_the_next(tmp_path):
+    """The reference work (reference process, trials, probe) runs on the idle lane while the first
+    candidate builds; that evaluation finds it ready and counts the lane seconds it took as its own
+    (`prepared`, in gpu_s); the task's next candidate reuses the same process and reports none of
+    it; another task gets its own."""
     cfg = config(tmp_path)
     task = load_task(TASKS / "swish_scale.py")
-    second_source = tmp_path / "swish_again.py"
-    second_source.write_text((HONEST / "swish_scale.py").read_text() + "\n# another candidate, same kernel\n")
-    with Evaluator("cpu") as service:
-        first = evaluate_candidate(HONEST / "swish_scale.py", task, cfg, service)
+    slow = tmp_path / "slow_build.py"
+    slow.write_text(SLOW_IMPORT.format(sleep=2) + (HONEST / "swish_scale.py").read_text())
+    with Evaluator("cpu", prepare_ahead=True) as service:
+        first = evaluate_candidate(slow, task, cfg, service)
         (lane,) = service.lanes
         (ref,) = lane.references.values()
         pid = ref.worker.process.pid
-        second = evaluate_candidate(second_source, task, cfg, service)
+        second = evaluate_candidate(HONEST / "swish_scale.py", task, cfg, service)
+        timeline = list(service.timeline)
         assert first.passed and second.passed, (first.feedback, second.feedback)
         assert first.candidate_sha256 != second.candidate_sha256
-        assert "reference" in dict(first.stage_s) and "reference" not in dict(second.stage_s)
         (again,) = lane.references.values()
         assert again is ref and again.worker.process.pid == pid and again.evaluations == 2
         other = evaluate_candidate(HONEST / "row_softmax.py", load_task(TASKS / "row_softmax.py"), cfg, service)
         assert other.passed and "reference" in dict(other.stage_s) and len(lane.references) == 2
+    (prepare,) = [(start, end) for what, _, start, end in timeline if what == "prepare"]
+    build = [(start, end) for what, _, start, end in timeline if what == "build"][0]
+    first_lane = [(start, end) for what, _, start, end in timeline if what == "lane"][0]
+    assert prepare[0] < build[1] and prepare[1] <= first_lane[0], timeline  # beside the build, before the lane
+    steps = dict(first.stage_s)
+    assert {"reference", "prepared"} <= set(steps) and steps["prepared"] >= steps["reference"] > 0
+    assert first.gpu_s >= steps["prepared"] + (first_lane[1] - first_lane[0]) - 0.05
+    assert not {"reference", "prepared"} & set(dict(second.stage_s))
 
 
 def test_the_candidates_worker_holds_no_reference_output(tmp_path):
@@ -150,38 +169,6 @@ def test_builds_run_in_the_cpu_pool_while_another_candidate_holds_the_lane(tmp_p
     assert len(builds) == 2 and len(lanes) == 2
     assert any(b0 < l1 and l0 < b1 for b0, b1 in builds for l0, l1 in lanes), timeline
     assert all("build_pool" in dict(v.stage_s) for v in verdicts.values())
-
-
-SLOW_IMPORT = """
-import time
-
-time.sleep({sleep})  # imported in the build pool (its source names load_inline): a long build stand-in
-"""
-
-
-def test_a_tasks_reference_is_prepared_on_the_idle_lane_while_its_first_candidate_builds(tmp_path):
-    """The reference work (reference process, trials, probe) runs while the candidate builds, the
-    evaluation then finds it ready and counts the lane seconds it took as its own (`prepared`, in
-    gpu_s); the task's next candidate reuses it and reports none of it."""
-    cfg = config(tmp_path)
-    task = load_task(TASKS / "swish_scale.py")
-    slow = tmp_path / "slow_build.py"
-    slow.write_text(SLOW_IMPORT.format(sleep=4) + (HONEST / "swish_scale.py").read_text())
-    with Evaluator("cpu", prepare_ahead=True) as service:
-        first = evaluate_candidate(slow, task, cfg, service)
-        second = evaluate_candidate(HONEST / "swish_scale.py", task, cfg, service)
-        timeline = list(service.timeline)
-        (lane,) = service.lanes
-        assert len(lane.references) == 1
-    assert first.passed and second.passed, (first.feedback, second.feedback)
-    (prepare,) = [(start, end) for what, _, start, end in timeline if what == "prepare"]
-    build = [(start, end) for what, _, start, end in timeline if what == "build"][0]
-    first_lane = [(start, end) for what, _, start, end in timeline if what == "lane"][0]
-    assert prepare[0] < build[1] and prepare[1] <= first_lane[0], timeline  # beside the build, before the lane
-    steps = dict(first.stage_s)
-    assert {"reference", "prepared"} <= set(steps) and steps["prepared"] >= steps["reference"] > 0
-    assert first.gpu_s >= steps["prepared"] + (first_lane[1] - first_lane[0]) - 0.05
-    assert not {"reference", "prepared"} & set(dict(second.stage_s))
 
 
 def test_reference_work_ahead_waits_for_no_evaluation_and_closes_no_reference(monkeypatch):
