@@ -363,9 +363,9 @@ class Evaluator:
         self._passed_over: dict[int, int] = {}  # ticket -> lanes given to a later waiter meanwhile
         self._arch: str | None = None
         self.transfer = "auto"  # how candidates export outputs: "file" once CUDA IPC has failed here
-        # (what, label, start, end) in time.monotonic() seconds: each build in the pool and each hold of
-        # a lane, for a run's report of where time went and what overlapped (bounded: a long run keeps
-        # the latest).
+        # (what, label, start, end) in time.monotonic() seconds: each build in the pool, each hold of a
+        # lane by an evaluation and each preparation ahead, for a run's report of where time went and
+        # what overlapped (bounded: a long run keeps the latest).
         self.timeline: collections.deque[tuple[str, str, float, float]] = collections.deque(maxlen=100_000)
         self._to_prepare: list[tuple[Task, Any]] = []  # (task, config) in the order they were asked for
         self._preparer: threading.Thread | None = None
@@ -479,13 +479,14 @@ class Evaluator:
                 task, config = self._to_prepare.pop(0)
                 lane = free[0]
                 lane.busy = True
-            began = time.monotonic()
+            began, prepared = time.monotonic(), False
             try:
-                lane.prepare(task, config)
+                prepared = lane.prepare(task, config)
             except Exception:  # noqa: BLE001 - the task's evaluation meets the failure again and reports it
                 pass
             finally:
-                self.timeline.append(("prepare", task.task_id, began, time.monotonic()))
+                if prepared:
+                    self.timeline.append(("prepare", task.task_id, began, time.monotonic()))
                 with self._cond:
                     lane.busy = False
                     self._cond.notify_all()
