@@ -229,14 +229,7 @@ class Lane:
         fits beside the lane's without closing one (a prepared reference that pushed out another
         task's would cost that task its reference again); whether it was prepared. The caller holds
         the lane. A failure is left to the task's evaluation, which meets it again and reports it."""
-        if reference_key(task, config) in self.references:
-            return False
-        if self.evaluator.device == "cuda":
-            total = int(self.pool.info().get("total_memory") or 0)
-            held = sum(r.memory_bytes for r in self.references.values())
-            if not total or held + _reference_bytes(task, config) > REFERENCE_MEMORY_FRACTION * total:
-                return False
-        elif len(self.references) >= CPU_LANE_REFERENCES:
+        if reference_key(task, config) in self.references or self._full(_reference_bytes(task, config)):
             return False
         started = time.perf_counter()
         ref = self.ready_reference(task, config)
@@ -253,14 +246,21 @@ class Lane:
         would hold more than REFERENCE_MEMORY_FRACTION of the GPU's memory with `need` more bytes
         (CPU lanes: while they number CPU_LANE_REFERENCES or more). The rest of the GPU is the
         candidate's: its inputs, outputs and timing sets."""
-        total = int(self.pool.info().get("total_memory") or 0) if self.evaluator.device == "cuda" else 0
-        while self.references:
-            held = sum(r.memory_bytes for r in self.references.values())
-            over = held + need > REFERENCE_MEMORY_FRACTION * total if total else \
-                len(self.references) >= CPU_LANE_REFERENCES
-            if not over:
-                return
+        while self.references and self._full(need):
             self.drop(next(iter(self.references.values())))
+
+    def _full(self, need: int) -> bool:
+        """Whether the lane's reference processes and `need` more bytes would hold more than
+        REFERENCE_MEMORY_FRACTION of the GPU's memory (CPU lanes: whether they number
+        CPU_LANE_REFERENCES or more)."""
+        total = int(self.pool.info().get("total_memory") or 0) if self.evaluator.device == "cuda" else 0
+        if total:
+            return self._held_bytes() + need > REFERENCE_MEMORY_FRACTION * total
+        return len(self.references) >= CPU_LANE_REFERENCES
+
+    def _held_bytes(self) -> int:
+        """What the lane's reference processes hold, by their latest reports."""
+        return sum(r.memory_bytes for r in self.references.values())
 
     def candidate_room(self, task: Task, config: Any, ref: ReferenceProcess) -> None:
         """Before a candidate's worker starts: close other tasks' reference processes (least recently
@@ -275,10 +275,10 @@ class Lane:
         need = _candidate_bytes(task, config)
         if total and need:
             for other in [r for r in self.references.values() if r is not ref]:  # least recently used first
-                if sum(r.memory_bytes for r in self.references.values()) + need <= total:
+                if self._held_bytes() + need <= total:
                     break
                 self.drop(other)
-            if sum(r.memory_bytes for r in self.references.values()) + 2 * need > total:
+            if self._held_bytes() + 2 * need > total:
                 self.pool.wait_closed()
         self.ending_at_start = self.pool.closing()
 
@@ -455,8 +455,7 @@ class Evaluator:
             return
         key = reference_key(task, config)
         with self._cond:
-            if self._closed or any(key in lane.references for lane in self.lanes) or \
-                    any(reference_key(*asked) == key for asked in self._to_prepare):
+            if self._closed or self._held(key) or any(reference_key(*asked) == key for asked in self._to_prepare):
                 return
             self._to_prepare.append((task, config))
             if self._preparer is None:
@@ -464,14 +463,17 @@ class Evaluator:
                 self._preparer.start()
             self._cond.notify_all()
 
+    def _held(self, key: tuple) -> bool:
+        """Whether a lane holds the reference process kept under `key`."""
+        return any(key in lane.references for lane in self.lanes)
+
     def _prepare_loop(self) -> None:
         while True:
             with self._cond:
                 while True:
                     if self._closed:
                         return
-                    self._to_prepare = [(t, c) for t, c in self._to_prepare
-                                        if not any(reference_key(t, c) in lane.references for lane in self.lanes)]
+                    self._to_prepare = [(t, c) for t, c in self._to_prepare if not self._held(reference_key(t, c))]
                     free = [lane for lane in self.lanes if not lane.busy]
                     if self._to_prepare and free and not self._waiting:
                         break
