@@ -231,8 +231,10 @@ class EvalConfig:
     weight_seeds: int = 2
     timing_trials: int = 100
     warmup_trials: int = 10
-    timing_input_sets: int = 3
-    timed_output_checks: int = 3
+    timing_input_sets: int = 3  # the baselines' input sets (cycled); each timed call of a candidate gets its own
+    timed_batch_calls: int = 10  # a candidate's timed calls per batch, each batch timed on the parent's clock
+    timed_output_checks: int = 1  # calls per batch whose outputs are verified, chosen after the batch ran
+    calibration_batches: int = 3  # batches that measure the timing loop's own cost, before the import
     build_timeout_s: float = 300.0
     run_timeout_s: float = 180.0
     reference_timeout_s: float = 900.0  # a huge task drawn on the host (see make_inputs) is slow
@@ -243,6 +245,10 @@ class EvalConfig:
     compile_baseline: bool = True
     sol_slack: float = 0.05
     review_speedup: float = 5.0
+    # The in-process guard of the candidate's worker (the audit hook and the judge's modules hidden
+    # from the candidate, evaluate/guard.py). Off only to prove, in tests, that the layers behind it
+    # (the parent's clock, the verification of timed outputs) catch what it would have refused.
+    guard: bool = True
     cache_dir: Path = field(default_factory=lambda: default_cache_root() / "eval")
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     gpus: tuple[int, ...] = (0,)

@@ -60,6 +60,7 @@ def candidate_job(task: Any, config: Any, reference_job: dict[str, Any], referen
         "init_seed": reference_job["init_seed"],
         "weight_seeds": list(reference_job["weight_seeds"]),
         "spec": reference["spec"],
+        "guard": config.guard,
         # The evaluator's build timeout governs (failure "build_timeout"), not nvcc's own.
         "runtime": to_json(replace(config.runtime, nvcc_timeout_s=config.build_timeout_s + 30.0)),
     }

@@ -25,8 +25,9 @@ import traceback
 from typing import Any, Callable
 
 _MAX_TEXT = 6000
-REFERENCE_COMMANDS = ("compare", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
-CANDIDATE_COMMANDS = ("build", "weights", "run_trial", "determinism", "anticheat", "ghost_run", "timing",
+REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
+CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
+                      "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "timing",
                       "kernel_audit", "reexport", "release")
 
 

@@ -236,6 +236,23 @@ class ReferenceSession:
                         "exact_note": self.delta_notes.get(index), "exact_used": delta is not None,
                         "slack_used": slack_used, "memory_bytes": self.memory_bytes()})
 
+    def compare_fresh(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A timed call's outputs (chosen by the parent after the call ran) against the reference run
+        now on the same inputs, drawn from the call's seed, by the rule of `compare`. The trial lives
+        only for this comparison."""
+        from cutegen.evaluate.correctness import reference_trial
+
+        seed = int(payload["seed"])
+        plan = {"seed": seed, "weight": 0, "adversarial": False}
+        index = len(self.trials)
+        self.trials.append(reference_trial(self.module, self.models[0], plan, self.device, True, self.home))
+        try:
+            return self.compare({"trial": index, "outputs": payload["outputs"]})
+        finally:
+            self.trials.pop()
+            self.deltas.pop(index, None)
+            self.delta_notes.pop(index, None)
+
     def _inputs(self, index: int) -> list[Any]:
         """Trial `index`'s inputs: kept, or drawn again from its seed (and checked to be the same)."""
         from cutegen.evaluate.compare import fingerprint

@@ -53,6 +53,9 @@ class CandidateSession:
         # the next command (`reexport` sends a group again as files, where CUDA IPC fails).
         self.exported: list[list[Any]] = []
         self.transfer = job.get("transfer", "auto")
+        self.retained: list[Any] = []  # the last timed batch's output copies, until the parent chooses
+        self.idle_limit_ms: float | None = None
+        self._null: Any = None
         self.workdir = Path.cwd()
         self.state_before = snapshot_global_state()
         self.threads_before = thread_snapshot()
@@ -211,19 +214,97 @@ class CandidateSession:
             return {"base": self._export(base), "perturbed": {"leaves": []}, **self._integrity()}
         return {"base": self._export(base), "perturbed": self._export(moved), **self._integrity()}
 
+    # -- timing: calibrated before the candidate's import, then timed batches on fresh inputs
+
+    def _draw(self, seeds: list[int]) -> Any:
+        """Call i's inputs, drawn on the device from seeds[i] (the reference process can draw them again)."""
+        from cutegen.evaluate.correctness import make_inputs
+
+        return lambda i: make_inputs(self.module, int(seeds[i]), None, self.device, self.device)
+
+    def _batch_reply(self, run: Any) -> dict[str, Any]:
+        self.retained = run.retained
+        return to_json({"times_ms": run.times_ms, "stream_ms": run.stream_ms, "idle_ms": run.idle_ms,
+                        **self._integrity()})
+
+    def calibrate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Before the candidate is imported (the parent refuses it after): the batch size that fits,
+        and batches of the timing loop around a forward that only allocates the outputs, each timed
+        by the parent on its own clock. What the parent measures beyond the reported times here is
+        the judge's own cost per call (drawing inputs, flushing, copying outputs, the round trip)."""
+        from cutegen.evaluate.timing import warm_up
+
+        if self.candidate is not None:
+            raise RuntimeError("calibrate must run before the candidate is imported")
+        calls = self._batch_calls(int(payload["calls"]))
+        null = _null_forward(self.job["spec"], self.device)
+        self.idle_limit_ms = warm_up(null, self._draw(payload["warmup_seeds"]), device=self.device,
+                                     calls=len(payload["warmup_seeds"]))
+        self._null = null
+        return {"calls": calls, "idle_limit_ms": self.idle_limit_ms}
+
+    def calibration_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
+        from cutegen.evaluate.timing import time_batch
+
+        if self.candidate is not None:
+            raise RuntimeError("calibration batches must run before the candidate is imported")
+        self.release()
+        run = time_batch(self._null, self._draw(payload["seeds"]), device=self.device,
+                         calls=len(payload["seeds"]), idle_limit_ms=self.idle_limit_ms)
+        return self._batch_reply(run)
+
+    def _batch_calls(self, wanted: int) -> int:
+        """At most `wanted` calls per batch, and no more retained output copies than a quarter of the
+        device's free memory holds (one at least)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return max(1, wanted)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(1, min(wanted, int(free // 4 // max(1, _spec_bytes(self.job["spec"])))))
+
+    def timing_warmup(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The candidate's untimed warm-up calls on inputs of their own; free memory is churned first
+        (the correctness calls' outputs are freed: no stale result survives into the timed calls)."""
+        from cutegen.evaluate.timing import warm_up
+
+        self.release()
+        self.hooks.churn()
+        limit = warm_up(self._model(0), self._draw(payload["seeds"]), device=self.device, calls=len(payload["seeds"]))
+        if self.idle_limit_ms is None:
+            self.idle_limit_ms = limit
+        return {"idle_limit_ms": self.idle_limit_ms, **self._integrity()}
+
+    def timed_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One batch of timed calls (timing.time_batch), each on inputs from its own seed; the copies of
+        the outputs stay here until `export_timed`."""
+        from cutegen.evaluate.timing import time_batch
+
+        self.release()
+        run = time_batch(self._model(0), self._draw(payload["seeds"]), device=self.device,
+                         calls=len(payload["seeds"]), idle_limit_ms=self.idle_limit_ms)
+        return self._batch_reply(run)
+
+    def export_timed(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The retained outputs of the calls the parent chose after the batch, exported for the
+        reference process; the other copies are dropped."""
+        chosen = [int(i) for i in payload["calls"]]
+        exported = {str(i): self._export(self.retained[i]) for i in chosen}
+        self.retained = []
+        return {"outputs": exported}
+
     def timing(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The timing protocol (timing.time_forward) over the timing trials' inputs, drawn here; the
-        outputs of the randomly chosen calls in `keep` are exported for the reference process."""
+        """The baseline-style protocol (timing.time_forward) over given trials' inputs: kept for tools
+        that time a candidate outside an evaluation; an evaluation uses the timed batches above."""
         from cutegen.evaluate.timing import time_forward
 
         self.release()
         sets = [self._inputs(spec) for spec in payload["sets"]]
-        self.hooks.churn()  # the correctness calls' outputs are freed: no stale result survives
+        self.hooks.churn()
         run = time_forward(self._model(0), sets, device=self.device, trials=payload["trials"],
-                           warmup=payload["warmup"], keep=payload["keep"])
-        kept = [{"call": i, "set": which, "outputs": self._export(out)} for i, (which, out) in sorted(run.kept.items())]
+                           warmup=payload["warmup"])
         del sets
-        return to_json({"times_ms": run.times_ms, "kept": kept, "stream_ms": run.stream_ms, "idle_ms": run.idle_ms,
+        return to_json({"times_ms": run.times_ms, "stream_ms": run.stream_ms, "idle_ms": run.idle_ms,
                         "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
 
     def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +323,40 @@ class CandidateSession:
                 return model(*xs)
 
         return to_json({"kernels": dyn.audit_kernels(forward, inputs), **self._integrity()})
+
+
+def _spec_bytes(spec: Any) -> int:
+    """Bytes of the outputs an `output_spec` describes."""
+    import torch
+
+    if "sequence" in spec:
+        return sum(_spec_bytes(s) for s in spec["sequence"])
+    if "tensor" in spec:
+        t = spec["tensor"]
+        dtype = getattr(torch, t["dtype"].removeprefix("torch."))
+        numel = 1
+        for n in t["shape"]:
+            numel *= int(n)
+        return numel * torch.empty((), dtype=dtype).element_size()
+    return 0
+
+
+def _null_forward(spec: Any, device: Any) -> Any:
+    """A forward that only allocates (and zeroes) outputs of the spec's structure, shapes and dtypes: the timing
+    loop's own cost per call is measured around it."""
+    import torch
+
+    def make(s: Any) -> Any:
+        if "sequence" in s:
+            items = [make(x) for x in s["sequence"]]
+            return tuple(items) if s.get("type") == "tuple" else items
+        if "tensor" in s:
+            t = s["tensor"]
+            # Written, as a forward writes its outputs: first-touch costs fall inside the call, as they do there.
+            return torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"].removeprefix("torch.")), device=device)
+        return None
+
+    return lambda *inputs: make(spec)
 
 
 def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import statistics
+from time import perf_counter as _perf_counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -206,6 +207,114 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
             del out
         del flush
     return run
+
+
+# ------------------------------------------------------------- timed batches (the candidate's timing)
+
+
+@dataclass
+class BatchRun:
+    """Raw result of `time_batch`: one entry per call; `retained[i]` is a copy of call i's outputs,
+    made after the device was idle, kept until the parent has chosen which calls to verify."""
+
+    times_ms: list[float] = field(default_factory=list)
+    stream_ms: list[float] = field(default_factory=list)
+    idle_ms: list[float] = field(default_factory=list)
+    retained: list[Any] = field(default_factory=list)
+
+
+_CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cudaLimitPersistingL2CacheSize
+
+
+@functools.lru_cache(maxsize=1)
+def _cudart() -> Any:
+    """The CUDA runtime library torch loaded (None where it cannot be found: then persisting-L2 state
+    is left alone, and the flush alone clears the cache)."""
+    import ctypes
+
+    import torch
+
+    for name in (f"libcudart.so.{torch.version.cuda.split('.')[0]}" if torch.version.cuda else "", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name) if name else None
+        except OSError:
+            continue
+    return None
+
+
+def reset_persisting_l2() -> None:
+    """Turn every persisting L2 line back into a normal one and set the persisting carve-out to 0.
+
+    Defeats a kernel that marks its inputs or weights persisting (an access-policy window on the
+    stream, or the device limit), so that they survive the L2 flush between timed calls and every call
+    after the first finds them in cache. Called before each timed call, ahead of the flush."""
+    lib = _cudart()
+    if lib is not None:
+        lib.cudaDeviceSetLimit(_CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+        lib.cudaCtxResetPersistingL2Cache()
+
+
+def time_batch(fn: Callable[..., Any], draw: Callable[[int], Sequence[Any]], *, device: Any, calls: int,
+               idle_limit_ms: float | None) -> BatchRun:
+    """One timed batch of the candidate's timing protocol (EVALUATION.md, "Timing").
+
+    Each call i gets inputs of its own, `draw(i)`, made right before it from a seed the parent drew
+    for that call alone (no correctness trial and no other call saw them, so a result memoised by
+    input content is never reused). Before each call the persisting L2 state is reset
+    (`reset_persisting_l2`) and a buffer of twice the L2 is read (`flush_bytes`); the call is timed by
+    the same events as `time_forward` (start -> end on the current stream, or to the idle device
+    when work outlasted the stream by more than `idle_limit_ms`). After the device is idle, a copy
+    of every call's outputs is retained: the parent chooses which calls to verify only after this
+    batch has returned, so every call must be right. The parent also times the whole command on its
+    own clock (clock.py), which every piece of work in this loop, the candidate's included, falls
+    under. On a CPU the call is timed with `time.perf_counter`.
+    """
+    import torch
+
+    cuda = device.type == "cuda"
+    run = BatchRun()
+    with torch.no_grad():
+        flush = torch.zeros(flush_bytes(device) // 4, dtype=torch.int32, device=device)
+        for i in range(calls):
+            inputs = draw(i)
+            if cuda:
+                reset_persisting_l2()
+                flush.max()  # a read of 2x the L2 (see time_forward)
+                out, on_stream, to_idle = _timed_cuda_call(fn, inputs)
+                past = idle_limit_ms is not None and ran_past_stream(on_stream, to_idle, idle_limit_ms)
+                run.stream_ms.append(on_stream)
+                run.idle_ms.append(to_idle)
+                run.times_ms.append(to_idle if past else on_stream)
+            else:
+                flush.fill_(i)
+                began = _perf_counter()
+                out = fn(*inputs)
+                run.times_ms.append((_perf_counter() - began) * 1e3)
+            run.retained.append(clone_outputs(out))
+            del out, inputs
+        del flush
+    return run
+
+
+def warm_up(fn: Callable[..., Any], draw: Callable[[int], Sequence[Any]], *, device: Any, calls: int) -> float | None:
+    """`calls` untimed calls on inputs of their own (compiles, lazy loading, allocator growth), then,
+    on CUDA, the limit past which a call's wait for the whole device counts as work on another stream
+    (`_sync_gap_limit_ms`, calibrated on a wait as long as the median call)."""
+    import torch
+
+    warm_ms = []
+    with torch.no_grad():
+        for i in range(calls):
+            inputs = draw(i)
+            if device.type == "cuda":
+                warm_ms.append(_timed_cuda_call(fn, inputs)[1])
+            else:
+                fn(*inputs)
+            del inputs
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return _sync_gap_limit_ms(wait_ms=statistics.median(warm_ms) if warm_ms else 0.0)
 
 
 # ------------------------------------------------------------------ the baselines (in a worker)

@@ -1,0 +1,108 @@
+"""The parent's clock: each timed batch measured by the trusted process as well as by the worker.
+
+Defeats every way of making the reported GPU times smaller than the work behind them from inside the
+candidate's process: a timing record halved through the heap, the evaluator's timing function
+wrapped at import, CUDA event timing patched, work moved out of the timed region into the judge's own
+steps (the output copies, the input draws), or a reply forged over the worker's channel. None of
+these can shorten the parent's wall time around the batch, which covers every call of it.
+
+The parent times three things around the worker's commands (EVALUATION.md, "Two clocks"):
+
+- calibration batches, run before the candidate is imported (so the worker is still the judge's own):
+  the timing loop around a forward that only allocates the outputs. Wall time minus reported time,
+  per call, is the loop's own cost (drawing each call's inputs, the L2 flush, copying the outputs,
+  the synchronisations, the round trip); the smallest over the batches is kept (the machine's other
+  work can only add to it);
+- each timed batch of the candidate: its wall time minus the calibrated cost of its calls is the time
+  the candidate's calls can have taken; the reported GPU times must account for it;
+- the export of the outputs chosen for verification, against the calibrated export: a worker that
+  computes the chosen outputs only when asked for them pays that time here.
+
+A batch's unexplained time is `wall - calls * overhead - reported`. Honest batches leave a little
+(host jitter, a garbage collection, the host waking up later from a longer wait); the check fails when
+the median batch leaves more than `unexplained_limit_ms` (a share of the reported time plus a margin
+per call), so that one batch disturbed by the machine does not fail a candidate; a failing check is
+measured again on `RETRY_BATCHES` more batches and judged on all of them. The verdict reports
+the ratio of the parent's time (less the overhead) to the reported time: near 1 for honest kernels.
+
+What this cannot see: a forgery smaller than the margin (for calls of a few microseconds, the margin
+is larger than the call), and work done before the batch command arrived (which cannot depend on the
+inputs, drawn inside the batch).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from cutegen.records import CheckResult
+
+SHARE_OF_REPORTED = 0.5  # unexplained time allowed as a share of the reported time (a halved record has 1.0)
+MARGIN_PER_CALL_MS = 0.02  # and per call, for host jitter (a Python call, a wake-up)
+OVERHEAD_SHARE = 0.5  # and a share of the calibrated overhead per call (the machine's load moves it)
+RETRY_BATCHES = 3  # a failing clock is measured again on this many more batches before it counts
+EXPORT_SLACK_MS = 20.0  # an export may take this much longer than the calibrated one, plus...
+EXPORT_CALL_SHARE = 0.5  # ...this share of a median call per exported output
+
+
+@dataclass(frozen=True)
+class BatchClock:
+    """One batch as both sides saw it."""
+
+    calls: int
+    wall_ms: float  # the parent's clock, from sending the command to reading the reply
+    reported_ms: float  # the sum of the per-call times the worker reported
+
+
+def overhead_per_call_ms(calibration: Sequence[BatchClock]) -> float:
+    """The timing loop's own cost per call, from batches timed before the candidate's import."""
+    if not calibration:
+        raise ValueError("no calibration batch")
+    return min(max(0.0, b.wall_ms - b.reported_ms) / b.calls for b in calibration)
+
+
+def unexplained_ms(batch: BatchClock, overhead_ms: float) -> float:
+    return batch.wall_ms - batch.calls * overhead_ms - batch.reported_ms
+
+
+def unexplained_limit_ms(batch: BatchClock, overhead_ms: float) -> float:
+    return (SHARE_OF_REPORTED * batch.reported_ms
+            + batch.calls * (MARGIN_PER_CALL_MS + OVERHEAD_SHARE * overhead_ms))
+
+
+def clock_ratio(batches: Sequence[BatchClock], overhead_ms: float) -> float | None:
+    """The parent's time for the candidate's calls over the time they reported (1.0: they agree)."""
+    reported = sum(b.reported_ms for b in batches)
+    if reported <= 0:
+        return None
+    return sum(b.wall_ms - b.calls * overhead_ms for b in batches) / reported
+
+
+def judge_parent_clock(batches: Sequence[BatchClock], overhead_ms: float, export_ms: Sequence[float] = (),
+                       export_calibrated_ms: float | None = None, median_call_ms: float = 0.0) -> CheckResult:
+    """The `parent_clock` check: the median batch's unexplained time within its limit, and the
+    exports of chosen outputs no slower than calibrated beyond what recomputing them would cost."""
+    ratio = clock_ratio(batches, overhead_ms)
+    shown = f"{ratio:.3f}" if ratio is not None else "n/a"
+    ordered = sorted(batches, key=lambda b: unexplained_ms(b, overhead_ms) - unexplained_limit_ms(b, overhead_ms))
+    median = ordered[len(ordered) // 2] if ordered else None
+    if median is not None and unexplained_ms(median, overhead_ms) > unexplained_limit_ms(median, overhead_ms):
+        return CheckResult(
+            "parent_clock", "timing", False,
+            f"the parent's clock saw {unexplained_ms(median, overhead_ms):.3f} ms per batch of {median.calls}"
+            f" calls that the reported times ({median.reported_ms:.3f} ms) do not account for (allowed"
+            f" {unexplained_limit_ms(median, overhead_ms):.3f} ms; overhead {overhead_ms:.4f} ms per call,"
+            f" calibrated before the import); parent/reported ratio {shown}")
+    if export_calibrated_ms is not None:
+        for took in export_ms:
+            allowed = export_calibrated_ms * 3 + EXPORT_SLACK_MS + EXPORT_CALL_SHARE * median_call_ms
+            if took > allowed:
+                return CheckResult(
+                    "parent_clock", "timing", False,
+                    f"exporting the outputs chosen for verification took {took:.1f} ms on the parent's clock"
+                    f" (calibrated {export_calibrated_ms:.1f} ms, allowed {allowed:.1f} ms): the outputs"
+                    " were computed when they were asked for, not in the timed calls")
+    return CheckResult("parent_clock", "timing", True,
+                       f"parent/reported ratio {shown} over {len(batches)} batches"
+                       f" (overhead {overhead_ms:.4f} ms per call)")

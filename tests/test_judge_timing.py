@@ -1,0 +1,118 @@
+"""The timing stage's own defences on the CPU: the parent's clock on each timed batch (clock.py), the
+timed calls verified on inputs of their own after each batch, and an ended worker."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cutegen.config import EvalConfig
+from cutegen.evaluate.clock import BatchClock, clock_ratio, judge_parent_clock, overhead_per_call_ms
+from cutegen.evaluate.pipeline import evaluate_candidate
+from cutegen.evaluate.service import Evaluator
+from cutegen.tasks import load_task
+
+REPO = Path(__file__).resolve().parents[1]
+CHEATS = REPO / "tests" / "fixtures" / "cheats"
+HONEST = REPO / "tests" / "fixtures" / "honest"
+SWISH = REPO / "examples" / "tasks" / "swish_scale.py"
+
+
+# ------------------------------------------------------------------------------ the rule alone
+
+
+def _calibration(overhead_ms: float, calls: int = 10) -> list[BatchClock]:
+    # Three batches of a null forward: 1 us reported per call, the rest is the loop's own cost
+    # (the machine's other work only adds to it: the smallest is taken).
+    return [BatchClock(calls, calls * (overhead_ms + extra + 0.001), calls * 0.001) for extra in (0.0, 0.3, 0.1)]
+
+
+def test_the_calibrated_overhead_is_the_least_the_loop_cost():
+    assert overhead_per_call_ms(_calibration(0.2)) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kernel_ms", [0.1, 0.5, 2.0, 20.0])
+def test_a_record_halved_or_worse_is_caught_and_the_true_one_passes(kernel_ms):
+    overhead = 0.2
+    honest = [BatchClock(10, 10 * (kernel_ms + overhead) + 0.03, 10 * kernel_ms) for _ in range(5)]
+    halved = [BatchClock(10, 10 * (kernel_ms + overhead) + 0.03, 10 * kernel_ms / 2) for _ in range(5)]
+    tenth = [BatchClock(10, 10 * (kernel_ms + overhead) + 0.03, 10 * kernel_ms / 10) for _ in range(5)]
+    assert judge_parent_clock(honest, overhead).passed
+    assert clock_ratio(honest, overhead) == pytest.approx(1.0, abs=0.05)
+    # A halved record leaves half the true time unexplained; the limit is half the reported time plus
+    # a margin per call (0.02 ms + half the 0.2 ms overhead): halving is caught from about 0.36 ms a
+    # call on, and a tenth from about 0.14 ms (shorter calls are within the margin: clock.py says so).
+    assert judge_parent_clock(halved, overhead).passed is (kernel_ms < 0.36)
+    assert judge_parent_clock(tenth, overhead).passed is (kernel_ms < 0.14)
+    assert clock_ratio(halved, overhead) == pytest.approx(2.0, abs=0.1)
+
+
+def test_one_disturbed_batch_does_not_fail_an_honest_candidate():
+    batches = [BatchClock(10, 10 * 1.2, 10 * 1.0) for _ in range(9)] + [BatchClock(10, 400.0, 10.0)]
+    assert judge_parent_clock(batches, 0.2).passed
+
+
+def test_outputs_computed_when_asked_for_show_in_the_export_time():
+    batches = [BatchClock(10, 10 * 5.2, 10 * 5.0) for _ in range(3)]
+    assert judge_parent_clock(batches, 0.2, export_ms=[3.0, 2.5], export_calibrated_ms=2.0, median_call_ms=5.0).passed
+    late = judge_parent_clock(batches, 0.2, export_ms=[3.0, 90.0], export_calibrated_ms=2.0, median_call_ms=5.0)
+    assert not late.passed and "asked for" in late.detail
+
+
+# ------------------------------------------------------------------------- through the pipeline
+
+
+@pytest.fixture(scope="module")
+def service():
+    with Evaluator("cpu") as shared:
+        yield shared
+
+
+@pytest.fixture()
+def config(tmp_path):
+    # Timing on, a short run: 3 batches of 10 calls, one output of each verified.
+    return EvalConfig(device="cpu", backend="torch", cache_dir=tmp_path / "eval", run_timeout_s=120.0,
+                      correctness_trials=2, adversarial_trials=1, weight_seeds=2, timing_trials=30,
+                      warmup_trials=2, compile_baseline=False, eager_baseline=False)
+
+
+def test_an_honest_slow_kernel_is_accepted_with_the_clocks_agreeing(service, config):
+    verdict = evaluate_candidate(HONEST / "slow_swish_scale.py", load_task(SWISH), config, service)
+    assert verdict.passed, verdict.feedback
+    assert verdict.timing.median_ms >= 20.0
+    # 20 ms calls against a loop cost of a few ms: the parent's clock and the reported times agree.
+    assert 0.5 < verdict.parent_clock_ratio < 1.5
+    names = {c.name: c for c in verdict.checks}
+    assert names["parent_clock"].passed and names["timed_outputs"].passed
+    assert "3 timed outputs checked" in names["timed_outputs"].detail
+
+
+@pytest.mark.parametrize("fixture, check", [("51_wrap_timing_function", "parent_clock"),
+                                            ("52_exit_in_timing", "worker_crashed"),
+                                            ("53_honest_only_when_watched", "timed_outputs")])
+def test_timing_cheats_are_rejected_by_their_check(fixture, check, service, config):
+    verdict = evaluate_candidate(CHEATS / f"{fixture}.py", load_task(SWISH), config, service)
+    assert not verdict.passed
+    assert verdict.failure == check, verdict.feedback
+    if check == "parent_clock":
+        assert verdict.parent_clock_ratio > 3.0  # a tenth reported: the parent saw about ten times more
+
+
+def test_a_record_forged_through_the_heap_is_caught_by_the_clock_when_the_audit_hook_is_off(service, config):
+    off = replace(config, guard=False) if "guard" in EvalConfig.__dataclass_fields__ else config
+    verdict = evaluate_candidate(CHEATS / "50_halve_timing_record.py", load_task(SWISH), off, service)
+    assert not verdict.passed and verdict.failure == "parent_clock", verdict.feedback
+
+
+def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):
+    """Each timed call has inputs no earlier call saw: the memo costs its lookup and saves nothing,
+    so its time is no better than its honest twin's."""
+    memo = evaluate_candidate(CHEATS / "54_memo_by_content.py", load_task(SWISH), config, service)
+    twin = evaluate_candidate(HONEST / "swish_scale.py", load_task(SWISH), config, service)
+    assert twin.passed, twin.feedback
+    if memo.passed:
+        assert memo.timing.median_ms >= 0.8 * twin.timing.median_ms
+    else:  # its growing memo slows the loop around it: the parent's clock may see that too
+        assert memo.failure == "parent_clock", memo.feedback
