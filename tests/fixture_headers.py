@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-HEADER_KEYS = ("exploit", "caught-by", "task", "task-file", "backend", "backends", "needs", "fault", "device", "layer")
+HEADER_KEYS = ("exploit", "caught-by", "task", "task-file", "backend", "backends", "needs", "fault", "device", "layer", "twin")
 # `layer`: how a fixture must be judged to reach its check: "timing" (with the timing stage, where it
 # cheats), "guard-off" (timing on and the audit hook off: it proves the layer behind the hook).
 # The backends a fixture applies to when it has no `# backends:` line, from the backend it was written

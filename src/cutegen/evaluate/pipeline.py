@@ -289,7 +289,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
                 timing = _timing_run(run, call, refcall, ref, config, calibration)
                 if _under_work_bound(timing["times_ms"], task, config, ref.peaks, ref.data["dtype"]):
                     # The strongest verification, while nothing else runs on the lane: every call checked.
-                    timing["strict"] = _timed_batches(call, refcall, calibration, STRICT_BATCHES,
+                    timing["strict"] = _timed_batches(call, refcall, [calibration["calls"]] * STRICT_BATCHES,
                                                       calibration["calls"])
             lane.warm_spare()  # nothing more is timed: the next candidate's worker may start on the GPU
             # The kernel audit (own kernels required, on CUDA) profiles a forward, and CUPTI can stay
@@ -469,7 +469,8 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
     (clock.py), and the cost of exporting one retained output."""
     from cutegen.evaluate.clock import BatchClock, overhead_per_call_ms
 
-    setup = call("calibrate", {"calls": config.timed_batch_calls, "warmup_seeds": _seeds(2)}, step="calibrate")
+    wanted = min(config.timed_batch_calls, config.timing_trials)
+    setup = call("calibrate", {"calls": wanted, "warmup_seeds": _seeds(2)}, step="calibrate")
     calls, batches = int(setup["calls"]), []
     for _ in range(max(1, config.calibration_batches)):
         began = time.perf_counter()
@@ -483,18 +484,22 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
             "batches": batches}
 
 
-def _timed_batches(call: Any, refcall: Any, calibration: dict[str, Any], batches: int,
-                   checks: int) -> dict[str, Any]:
-    """`batches` timed batches (runner.timed_batch); after each has returned, the parent draws which
-    `checks` of its calls to verify (all of them when `checks` >= the batch) and the reference process
-    compares those outputs with its own on the same inputs."""
+def _batch_sizes(trials: int, calls: int) -> list[int]:
+    """`trials` timed calls in batches of at most `calls`."""
+    return [calls] * (trials // calls) + ([trials % calls] if trials % calls else [])
+
+
+def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> dict[str, Any]:
+    """Timed batches of the given sizes (runner.timed_batch); after each has returned, the parent draws
+    which `checks` of its calls to verify (all of them when `checks` >= the batch) and the reference
+    process compares those outputs with its own on the same inputs."""
     from cutegen.evaluate.clock import BatchClock
     from cutegen.evaluate.timing import random_trials
 
     data: dict[str, Any] = {"times_ms": [], "stream_ms": [], "idle_ms": [], "clocks": [], "export_ms": [],
                             "validated": []}
-    calls = calibration["calls"]
-    for b in range(batches):
+    done = 0
+    for calls in sizes:
         seeds = _seeds(calls)
         began = time.perf_counter()
         reply = call("timed_batch", {"seeds": seeds}, step="timing")
@@ -509,8 +514,9 @@ def _timed_batches(call: Any, refcall: Any, calibration: dict[str, Any], batches
         for i in chosen:
             errors = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[str(i)]},
                              step="timed_outputs")["errors"]
-            data["validated"].append({"trial": b * calls + i, "errors": errors})
+            data["validated"].append({"trial": done + i, "errors": errors})
         call("release", step="timed_outputs")
+        done += calls
     return data
 
 
@@ -520,10 +526,10 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     no other call saw, each timed on the parent's clock too, with outputs verified after each batch."""
     refcall("give_back", step="timing")  # the reference's cached blocks: the timed calls' room
     warm = call("timing_warmup", {"seeds": _seeds(config.warmup_trials)}, step="timing")
-    batches = -(-config.timing_trials // calibration["calls"])
-    data = _timed_batches(call, refcall, calibration, batches, config.timed_output_checks)
+    calls = calibration["calls"]
+    data = _timed_batches(call, refcall, _batch_sizes(config.timing_trials, calls), config.timed_output_checks)
     if not _clock_check(data, calibration).passed:  # the machine, or the candidate: measured again
-        more = _timed_batches(call, refcall, calibration, RETRY_BATCHES, config.timed_output_checks)
+        more = _timed_batches(call, refcall, [calls] * RETRY_BATCHES, config.timed_output_checks)
         for key in ("times_ms", "stream_ms", "idle_ms", "clocks", "export_ms", "validated"):
             data[key] += more[key]
         data["clock_retried"] = True
