@@ -57,8 +57,9 @@ def test_work_on_a_driver_api_stream_is_seen_by_the_device_wide_wait(service, co
     assert twin.passed, twin.feedback
     if verdict.passed:  # timed to the idle device: no faster than the same kernel on the given stream
         assert verdict.timing.median_ms >= 0.9 * twin.timing.median_ms
-    else:
-        assert verdict.failure == "work_past_stream", verdict.feedback
+    else:  # seen on the H200: its stream does not wait for the inputs drawn on the given one, so it
+        # reads them half-written and the correctness calls already fail
+        assert verdict.failure in ("work_past_stream", "compare_outputs"), verdict.feedback
 
 
 def test_a_persisting_l2_window_buys_nothing_across_the_flush(service, config):

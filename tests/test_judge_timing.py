@@ -116,3 +116,25 @@ def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):
         assert memo.timing.median_ms >= 0.8 * twin.timing.median_ms
     else:  # its growing memo slows the loop around it: the parent's clock may see that too
         assert memo.failure == "parent_clock", memo.feedback
+
+
+# ------------------------------------------------------------------------------ a shared GPU
+
+
+def test_processes_outside_the_evaluator_are_told_from_its_own():
+    """An out-of-memory message names every process on the GPU; this process and its descendants (the
+    evaluator's workers) are its own, any other is a process sharing the GPU."""
+    import subprocess
+    import sys
+
+    from cutegen.evaluate.contention import describe, foreign_gpu_use
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        message = (f"Process {child.pid} has 3.00 GiB memory in use. Process 4194301 has 2.50 GiB memory in use."
+                   f" Including non-PyTorch memory, this process has 1.00 GiB memory in use.")
+        foreign = foreign_gpu_use(None, message)
+    finally:
+        child.kill()
+    assert foreign == {4194301: int(2.5 * 2**30)}
+    assert describe(foreign) == "1 other process(es) (4194301) holding 2.5 GiB"

@@ -249,6 +249,9 @@ class EvalConfig:
     # from the candidate, evaluate/guard.py). Off only to prove, in tests, that the layers behind it
     # (the parent's clock, the verification of timed outputs) catch what it would have refused.
     guard: bool = True
+    # New attempts (after waits of 5, 15, 30 s) of a candidate that ran out of memory or time while other
+    # processes shared the GPU, before the verdict says `gpu_busy` (evaluate/contention.py).
+    busy_retries: int = 3
     cache_dir: Path = field(default_factory=lambda: default_cache_root() / "eval")
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     gpus: tuple[int, ...] = (0,)

@@ -183,6 +183,9 @@ class Verdict:
     parent_clock_ratio: float | None = None
     # Faster than the reference algorithm's work bound, and passed the strongest verification.
     beat_work_bound: bool = False
+    # Not a verdict on the candidate: the evaluation failed for memory or time while other processes
+    # shared the GPU, in every attempt (failure "gpu_busy"); evaluate it again.
+    infrastructure: bool = False
     # (step, wall seconds) in first-call order, summed over each step's calls: where an evaluation's
     # time went. Steps: build_pool (the CPU build, off the GPU), queue (waiting for a GPU lane),
     # make_room, reference, baselines, peaks (a task's first evaluation on a lane; with prepared, the

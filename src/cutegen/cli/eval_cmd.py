@@ -22,6 +22,7 @@ from cutegen.cli import app
 from cutegen.cli import options as opt
 
 EXIT_REJECTED = 1
+EXIT_INFRASTRUCTURE = 3  # not a verdict: the GPU was shared and the evaluation could not finish (gpu_busy)
 stderr = Console(stderr=True)
 
 
@@ -85,7 +86,7 @@ def eval_command(
     else:
         print_verdict(verdict, Console())
     # sys.exit (not typer.Exit): the exit status is the verdict, whichever way main() is entered.
-    sys.exit(0 if verdict.passed else EXIT_REJECTED)
+    sys.exit(0 if verdict.passed else EXIT_INFRASTRUCTURE if verdict.infrastructure else EXIT_REJECTED)
 
 
 def _ms(stats: Any) -> str:

@@ -220,6 +220,39 @@ class _ReferenceCalls:
 
 
 def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> VerdictBuilder:
+    """`_memory_attempts`, measured again while processes outside this evaluator share the GPU and the
+    candidate failed for memory or time (contention.py): after each wait a new attempt, and if the GPU
+    is still shared at the end, the infrastructure verdict `gpu_busy` instead of the candidate's failure."""
+    from cutegen.evaluate.contention import BUSY_FAILURES, BUSY_WAITS_S, describe, foreign_gpu_use
+
+    checks, fields = list(run.checks), dict(run.fields)  # the static and build stages' (kept on a retry)
+    run = _memory_attempts(run, source, task, config, lane)
+    foreign: dict[int, int] = {}
+    for wait_s in BUSY_WAITS_S[:config.busy_retries]:
+        if run.failure not in BUSY_FAILURES or config.device != "cuda":
+            return run
+        foreign = foreign_gpu_use(lane.gpu, run.feedback)
+        if not foreign:
+            return run
+        time.sleep(wait_s)
+        again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
+        again.checks, again.fields, again.stage_s = list(checks), dict(fields), dict(run.stage_s)
+        again.add(CheckResult("busy_retry", run.stage, True, f"{run.failure} while {describe(foreign)} shared the"
+                              f" GPU; evaluated again after {wait_s:g} s"))
+        run = _memory_attempts(again, source, task, config, lane)
+    if run.failure in BUSY_FAILURES and config.device == "cuda":
+        foreign = foreign_gpu_use(lane.gpu, run.feedback)
+        if foreign:
+            run.set(infrastructure=True)
+            run.add(CheckResult("gpu_busy", run.stage, False, f"{run.failure} in every attempt while {describe(foreign)}"
+                                " shared the GPU"))
+            run.failure, run.feedback = "gpu_busy", (
+                f"Not a verdict on the candidate: it failed with {run.failure} while {describe(foreign)} shared the"
+                " GPU, in every attempt. Evaluate it again when the GPU is not shared.")
+    return run
+
+
+def _memory_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> VerdictBuilder:
     """`_lane_stages`, and once more when the candidate ran out of device memory while the evaluator
     itself held memory it could give back (`Lane.release_memory`: other tasks' reference processes,
     this task's grown past its size after the baselines or past its report by the driver's count in
