@@ -21,8 +21,9 @@ The protocol (EVALUATION.md, "Isolation"):
   a set of CPU cores, away from the compilers of a build pool.
 - Parent and worker talk over a private socket pair inherited as a file descriptor, in
   length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
-  never stdout: what the candidate prints cannot pose as a result). The parent sends one command at a
-  time and waits for the reply with that command's timeout (build commands get the build timeout,
+  never stdout: what the candidate prints cannot pose as a result). Each command carries a fresh
+  nonce that its reply must echo: a reply written to the channel by the candidate, or one out of
+  order, ends the job with `worker_protocol`. The parent sends one command at a time and waits for the reply with that command's timeout (build commands get the build timeout,
   everything else the run timeout).
 - A timeout kills the whole process group with SIGKILL, and every descendant that started a group
   of its own (nvcc does), found through /proc; a worker that dies (a segfault, an abort, the OOM
@@ -42,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -278,11 +280,18 @@ class Worker:
              timeout_reason: str = "run_timeout") -> dict[str, Any]:
         """Send one command; return the worker's reply ({"ok": bool, "data" | "error": ...})."""
         self.wait_ready()
+        # The reply must echo this: one the candidate's Python code writes to the channel cannot, as the
+        # audit hook keeps it out of the worker's frames and heap (guard.py).
+        nonce = secrets.token_hex(8)
         try:
-            self.conn.send_bytes(json.dumps({"command": command, "payload": payload}).encode())
+            self.conn.send_bytes(json.dumps({"command": command, "payload": payload, "nonce": nonce}).encode())
         except OSError as err:
             raise self._died("worker_crashed", f"the channel broke before {command}: {err}") from None
-        return self._receive(timeout_s, timeout_reason, command)
+        reply = self._receive(timeout_s, timeout_reason, command)
+        if reply.get("nonce") != nonce:
+            raise self._died("worker_protocol", f"the reply to {command} does not answer it (written by the"
+                             " candidate, or out of order)")
+        return reply
 
     def _receive(self, timeout_s: float, timeout_reason: str, what: str) -> dict[str, Any]:
         try:
@@ -675,7 +684,8 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
                 if not reply["ok"]:
                     break
             continue
-        _send(conn, protocol.run_command(state, command, message.get("payload")))
+        nonce = message.get("nonce")
+        _send(conn, {**protocol.run_command(state, command, message.get("payload")), "nonce": nonce})
 
 
 if __name__ == "__main__":
