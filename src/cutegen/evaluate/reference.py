@@ -192,7 +192,8 @@ class ReferenceSession:
         """Give cached device memory back to the driver: only where the candidate's worker churns all
         free memory before its next call (at the end of `reference` and `trim`, before a candidate's
         first trial; at the end of `ghost_plan`, before its ghost_run; `give_back`, before its
-        timing). Otherwise, while candidates are served, freed blocks (float64 chunks of reference
+        timing), and after each `compare_fresh` of a timed call, whose reference output answers
+        inputs no later call gets. Otherwise, while candidates are served, freed blocks (float64 chunks of reference
         outputs among them) stay in this process's allocator, out of a candidate's reach."""
         import torch
 
@@ -239,7 +240,7 @@ class ReferenceSession:
     def compare_fresh(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's outputs (chosen by the parent after the call ran) against the reference run
         now on the same inputs, drawn from the call's seed, by the rule of `compare`. The trial lives
-        only for this comparison."""
+        only for this comparison; its memory goes back to the driver after it."""
         from cutegen.evaluate.correctness import reference_trial
 
         seed = int(payload["seed"])
@@ -252,6 +253,9 @@ class ReferenceSession:
             self.trials.pop()
             self.deltas.pop(index, None)
             self.delta_notes.pop(index, None)
+            # Back to the driver: the candidate's later batches need the room, and what a block may
+            # still hold (this call's reference output) answers inputs that no later call gets.
+            self._empty_cache()
 
     def _inputs(self, index: int) -> list[Any]:
         """Trial `index`'s inputs: kept, or drawn again from its seed (and checked to be the same)."""
