@@ -32,7 +32,7 @@ def test_summarize_matches_hand_computed_quartiles():
     assert stats == TimingStats(median_ms=3.0, mean_ms=3.0, min_ms=1.0, iqr_ms=2.0, trials=5)
 
 
-def test_cpu_timing_protocol_measures_a_known_duration_and_keeps_chosen_outputs():
+def test_cpu_timing_protocol_measures_a_known_duration():
     import torch
 
     calls = []
@@ -43,13 +43,31 @@ def test_cpu_timing_protocol_measures_a_known_duration_and_keeps_chosen_outputs(
         return x * 2
 
     sets = [(torch.full((4,), float(k)),) for k in range(3)]
-    run = timing.time_forward(forward, sets, device=torch.device("cpu"), trials=6, warmup=2, keep=(1, 4))
+    run = timing.time_forward(forward, sets, device=torch.device("cpu"), trials=6, warmup=2)
     assert len(run.times_ms) == 6 and len(calls) == 8
     assert all(2.0 <= t < 50.0 for t in run.times_ms)
-    # trial i uses input set i mod 3, and the kept outputs are those of that set
-    assert sorted(run.kept) == [1, 4]
-    assert run.kept[4][0] == 1 and torch.equal(run.kept[4][1], torch.full((4,), 2.0))
+    # trial i uses input set i mod 3 (after the two warm-up calls on sets 0 and 1)
+    assert [float(x[0]) for x in calls[2:]] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
     assert 2.0 <= timing.summarize(run.times_ms).median_ms < 50.0
+
+
+def test_a_timed_batch_draws_each_calls_inputs_and_retains_each_calls_outputs():
+    import torch
+
+    drawn = []
+
+    def draw(i):
+        drawn.append(i)
+        return (torch.full((4,), float(10 * i)),)
+
+    def forward(x):
+        time.sleep(0.002)
+        return x + 1
+
+    run = timing.time_batch(forward, draw, device=torch.device("cpu"), calls=5, idle_limit_ms=None)
+    assert drawn == [0, 1, 2, 3, 4] and len(run.times_ms) == 5
+    assert all(2.0 <= t < 50.0 for t in run.times_ms)
+    assert [float(out[0]) for out in run.retained] == [1.0, 11.0, 21.0, 31.0, 41.0]
 
 
 def test_random_trials_are_distinct_and_in_range():

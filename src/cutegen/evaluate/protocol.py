@@ -2,12 +2,13 @@
 
 A worker takes one role with its first job and keeps it:
 
-- a reference process (`reference`, then `compare`, `ghost_plan`, `ghost_judge`, `baseline`,
+- a reference process (`reference`, then `compare`, `compare_fresh`, `ghost_plan`, `ghost_judge`, `baseline`,
   `trim`; reference.py): the task's reference side, kept for every candidate of the task. Only a
   reusable job (a suite's baselines, `baselines.BaselineWorker`) may be followed by `release` and
   another task's `reference`;
-- a candidate's worker (`setup`, then `build`, `weights`, `run_trial`, `determinism`, `anticheat`,
-  `ghost_run`, `timing`, `kernel_audit`, `reexport`, `release`; runner.py): one candidate, then the process ends;
+- a candidate's worker (`setup`, `calibrate` and `calibration_batch` before the candidate's import,
+  then `build`, `weights`, `run_trial`, `determinism`, `anticheat`, `ghost_run`, `timing_warmup`,
+  `timed_batch`, `export_timed`, `kernel_audit`, `reexport`, `release`; runner.py): one candidate, then the process ends;
 - standalone commands: `prebuild` (a build pool's worker: import a candidate and build its kernels,
   no GPU) and `peaks` (measure the device).
 
@@ -27,8 +28,7 @@ from typing import Any, Callable
 _MAX_TEXT = 6000
 REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
-                      "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "timing",
-                      "kernel_audit", "reexport", "release")
+                      "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "kernel_audit", "reexport", "release")
 
 
 # --------------------------------------------------------------------------------------- dispatch

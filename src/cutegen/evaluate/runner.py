@@ -293,20 +293,6 @@ class CandidateSession:
         self.retained = []
         return {"outputs": exported}
 
-    def timing(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The baseline-style protocol (timing.time_forward) over given trials' inputs: kept for tools
-        that time a candidate outside an evaluation; an evaluation uses the timed batches above."""
-        from cutegen.evaluate.timing import time_forward
-
-        self.release()
-        sets = [self._inputs(spec) for spec in payload["sets"]]
-        self.hooks.churn()
-        run = time_forward(self._model(0), sets, device=self.device, trials=payload["trials"],
-                           warmup=payload["warmup"])
-        del sets
-        return to_json({"times_ms": run.times_ms, "stream_ms": run.stream_ms, "idle_ms": run.idle_ms,
-                        "idle_limit_ms": run.idle_limit_ms, **self._integrity()})
-
     def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The kernels one forward launches (the parent asks for it on CUDA when own kernels are
         required); run last: see anticheat.py."""

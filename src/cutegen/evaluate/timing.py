@@ -17,14 +17,13 @@ CPU_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of the CPUs CI ru
 
 @dataclass
 class TimedRun:
-    """Raw result of `time_forward`: per-trial times and the outputs kept for validation.
+    """Raw result of `time_forward`: per-trial times.
 
     `stream_ms`/`idle_ms` are, per trial, the time to the end event on the caller's stream and to the
     device being idle; `past_stream` counts the trials whose device work outlasted the stream by more
     than `idle_limit_ms` (then `times_ms` holds the time to idle)."""
 
     times_ms: list[float]
-    kept: dict[int, tuple[int, Any]] = field(default_factory=dict)  # trial -> (input set, outputs)
     stream_ms: list[float] = field(default_factory=list)
     idle_ms: list[float] = field(default_factory=list)
     past_stream: int = 0
@@ -139,8 +138,9 @@ def _timed_cuda_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, 
 
 
 def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, device: Any,
-                 trials: int, warmup: int, keep: Sequence[int] = ()) -> TimedRun:
-    """Time `fn` by the one timing protocol (EVALUATION.md, "Timing").
+                 trials: int, warmup: int) -> TimedRun:
+    """Time `fn` by the baselines' timing protocol (EVALUATION.md, "Timing"); a candidate's timed calls
+    follow `time_batch`, which shares its per-call measurement (`_timed_cuda_call`) and flush.
 
     - Everything runs under `torch.no_grad()`, in the calling process, with the precision track's
       flags already set by the caller (so candidate, eager and torch.compile see the same settings).
@@ -163,10 +163,6 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
       latency (~10 us) is thus not charged to the call, while work on other streams still counts;
       `past_stream` says how many trials ran past their stream, and `hidden_work_trials` which of
       those hid work on another stream. On a CPU the call is timed with `time.perf_counter`.
-    - The outputs of the trials listed in `keep` (chosen at random by the caller, after the
-      candidate was imported) are cloned after the device is idle and returned, to be compared with
-      the reference for that input set: a candidate that computes only on some calls, or caches
-      results across calls, fails there.
     - The caller summarises the times with `summarize` (median, mean, min, IQR).
     """
     import time
@@ -174,7 +170,6 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
     import torch
 
     cuda = device.type == "cuda"
-    keep_set = set(keep)
     run = TimedRun(times_ms=[])
     with torch.no_grad():
         flush = torch.zeros(flush_bytes(device) // 4, dtype=torch.int32, device=device)
@@ -202,8 +197,6 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
                 began = time.perf_counter()
                 out = fn(*input_sets[which])
                 run.times_ms.append((time.perf_counter() - began) * 1e3)
-            if i in keep_set:
-                run.kept[i] = (which, clone_outputs(out))
             del out
         del flush
     return run
