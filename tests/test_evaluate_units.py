@@ -99,8 +99,8 @@ def test_sol_bound_of_elementwise_task_is_bytes_over_bandwidth():
         2 * 256 * 4096 * 4 / 4200e9 * 1e3)
 
 
-def test_only_a_time_past_the_hardwares_bound_is_rejected_not_one_past_the_measured_peaks():
-    from cutegen.evaluate.pipeline import _speed
+def test_the_work_bound_is_at_the_hardwares_peaks_and_a_time_under_it_is_evidence_not_a_verdict():
+    from cutegen.evaluate.pipeline import _speed, _under_work_bound
     from cutegen.evaluate.verdict import Stop, VerdictBuilder
 
     task = load_task(REPO / "examples" / "tasks" / "swish_scale.py")
@@ -118,11 +118,17 @@ def test_only_a_time_past_the_hardwares_bound_is_rejected_not_one_past_the_measu
             _speed(run, stats, task, config, None, measured, "float32")
         return run
 
-    # torch.compile's loss reductions read at 1.078x the measured bandwidth on an H200: not a cheat
+    # torch.compile's loss reductions read at 1.078x the measured bandwidth on an H200: under the
+    # hardware's bound (4800 GB/s), so under 100% of it
     honest = judged(bound / 1.078)
-    assert honest.failure is None and honest.fields["sol_fraction"] == pytest.approx(1.078)
-    past = judged(bound * 4184.0 / 4800.0 / 1.06)  # 6% past the datasheet's 4800 GB/s
-    assert past.failure == "below_speed_of_light" and "hardware's bound" in past.feedback
+    assert honest.failure is None and honest.fields["sol_fraction"] == pytest.approx(4184.0 / 4800.0 * 1.078)
+    assert honest.fields["sol_fraction"] < 1.0
+    assert not _under_work_bound([bound / 1.078], task, config, measured, "float32")
+    # 6% past the datasheet's 4800 GB/s: not rejected here, but sent to the strongest verification
+    past_ms = bound * 4184.0 / 4800.0 / 1.06
+    past = judged(past_ms)
+    assert past.failure is None and past.fields["sol_fraction"] == pytest.approx(1.06)
+    assert _under_work_bound([past_ms], task, config, measured, "float32")
 
 
 def test_combine_peaks_takes_measured_bandwidth_and_half_and_datasheet_fp32():
