@@ -37,11 +37,13 @@ STATIC_NAMES = {check.__name__ for check in STATIC_CHECKS}
 DYNAMIC_NAMES = {
     "disallowed_ops", "audit_kernels", "global_state_changes", "new_threads", "check_output_types",
     "check_nonfinite", "inputs_mutated", "ghost_probe", "churn_free_memory", "compare_outputs",
+    "compare_precision",
 }
 
 # Checks of the timing stage and of the worker's end (pipeline.py, clock.py); `none`: a cheat that must
 # be timed no faster than its honest twin.
-STAGE_CHECKS = {"parent_clock", "timed_outputs", "work_past_stream", "worker_crashed", "worker_protocol", "none"}
+STAGE_CHECKS = {"parent_clock", "timed_outputs", "work_past_stream", "worker_crashed", "worker_protocol", "guard_refused",
+                "none"}
 STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
 DYNAMIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in DYNAMIC_NAMES]
 # (fixture, backend) for each backend a fixture applies to.
@@ -79,7 +81,8 @@ def test_cheat_header_is_complete(path):
     caught_by = fields.get("caught-by")
     modules = (checks_static, checks_dynamic, compare)
     if caught_by in STAGE_CHECKS:  # judged by the pipeline's timing stage or the worker's end
-        assert fields.get("layer") in ("timing", "guard-off") and fields.get("twin"), path.name
+        assert fields.get("twin"), path.name
+        assert caught_by == "guard_refused" or fields.get("layer") in ("timing", "guard-off"), path.name
         return
     assert caught_by in STATIC_NAMES | DYNAMIC_NAMES
     assert any(callable(getattr(m, caught_by, None)) for m in modules)

@@ -419,6 +419,7 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
             compared = refcall("compare", {"trial": index, "outputs": data["outputs"]})
             entry["findings"] += compared["findings"]
             entry["errors"], entry["first_mismatches"] = compared["errors"], compared["first_mismatches"]
+            entry["precision"], entry["precision_note"] = compared.get("precision"), compared.get("precision_note")
             exact_used += bool(compared.get("exact_used"))
             slack_used += bool(compared.get("slack_used"))
             if compared.get("exact_note"):
@@ -539,15 +540,16 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
         data["clocks"].append(BatchClock(calls, (time.perf_counter() - began) * 1e3, sum(reply["times_ms"])))
         for key in ("times_ms", "stream_ms", "idle_ms"):
             data[key] += reply[key]
-        data["state_changes"], data["new_threads"] = reply.get("state_changes"), reply.get("new_threads")
+        for key in ("state_changes", "new_threads", "guard_refusals"):
+            data[key] = reply.get(key) or data.get(key)
         chosen = list(random_trials(calls, checks))  # drawn now, after the calls ran
         began = time.perf_counter()
         exported = call("export_timed", {"calls": chosen}, step="timed_outputs")["outputs"]
         data["export_ms"].append((time.perf_counter() - began) * 1e3)
         for i in chosen:
-            errors = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[str(i)]},
-                             step="timed_outputs")["errors"]
-            data["validated"].append({"trial": done + i, "errors": errors})
+            compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[str(i)]}, step="timed_outputs")
+            data["validated"].append({"trial": done + i, "errors": compared["errors"],
+                                      "precision": compared.get("precision")})
         call("release", step="timed_outputs")
         done += calls
     return data
@@ -574,6 +576,11 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
 
 def _judge_integrity(run: VerdictBuilder, data: dict[str, Any]) -> None:
     """Global state and threads must be as they were before the candidate's import."""
+    if data.get("guard_refusals"):
+        refused = "; ".join(str(r) for r in data["guard_refusals"][:5])
+        run.fail("guard_refused", f"The judge's guard refused the candidate: {refused}. Candidate code may not read"
+                 " frames or the heap, trace, use ctypes, start processes, replace code or write outside its"
+                 " working directory.")
     if data.get("state_changes"):
         changes = "; ".join(str(c) for c in data["state_changes"][:5])
         run.fail("global_state_changes", f"The candidate changed global torch/timing state: {changes}. Leave"
@@ -605,7 +612,7 @@ def _judge_anticheat(run: VerdictBuilder, data: dict[str, Any], config: EvalConf
 
 
 def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what: str) -> None:
-    from cutegen.evaluate.correctness import error_stats
+    from cutegen.evaluate.correctness import error_stats, judge_precision_entry
 
     for entry in validated:
         stats = error_stats(entry["errors"])
@@ -614,6 +621,10 @@ def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what:
                      f" ({stats.mismatched_elements} of {stats.total_elements} elements, max abs error"
                      f" {stats.max_abs_error:.3g}) although the correctness calls were right: every call must"
                      " compute its result from its own inputs.")
+        # The precision rule holds for timed calls too: fp32 in the trials and TF32 when timed is caught here.
+        precision = judge_precision_entry(entry.get("precision"), f"{what} {entry['trial']}")
+        if not precision.passed:
+            run.fail(precision.name, precision.detail)
 
 
 def _clock_check(data: dict[str, Any], calibration: dict[str, Any]) -> CheckResult:
@@ -686,12 +697,12 @@ STRICT_BATCHES = 2  # batches of the strongest verification (every call checked)
 def _work_bound_ms(task: Task, config: EvalConfig, peaks: Any, dtype: str) -> float | None:
     """The reference algorithm's work bound at the hardware's peaks (sol.physical_peaks: the larger of
     datasheet and measured), or None when the peaks are unknown."""
-    from cutegen.evaluate.sol import physical_peaks, sol_bound_ms
+    from cutegen.evaluate.sol import work_bound_ms
     from cutegen.trace import trace_task
 
     if peaks is None:
         return None
-    return sol_bound_ms(trace_task(task), physical_peaks(peaks), config.track, dtype in HALF_DTYPES)
+    return work_bound_ms(trace_task(task), peaks, config.track, dtype in HALF_DTYPES)
 
 
 def _under_work_bound(times_ms: list[float], task: Task, config: EvalConfig, peaks: Any, dtype: str) -> bool:
@@ -762,7 +773,8 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
 
     `config.runtime.arch` must be set (a CPU worker cannot read it off a device) to the value the
     evaluations use, or their cache keys differ. A failure here is only reported: the evaluation
-    builds again and judges it.
+    builds again and judges it. One row per path: ok, wall_s, error, and each kernel's name, arch,
+    whether the cache had it and nvcc's seconds. The public entry of `cutegen prebuild`.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -782,6 +794,7 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
         except WorkerDied as died:
             reply = {"ok": False, "error": {"kind": died.reason, "message": died.detail}}
         return {"path": str(path), "ok": reply["ok"], "wall_s": time.perf_counter() - started,
+                "kernels": reply["data"]["kernels"] if reply["ok"] else [],
                 "error": None if reply["ok"] else reply["error"].get("message", "")[:500]}
 
     with WorkerPool("cpu", cpu_slots=jobs, log_tail_bytes=config.log_tail_bytes) as pool, \

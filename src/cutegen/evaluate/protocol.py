@@ -162,10 +162,12 @@ _CUDA_KINDS = (
 
 
 def classify_error(err: BaseException, message: str) -> str:
-    """The failure kind of an exception raised in a worker: out_of_memory, build_error, toolchain,
+    """The failure kind of an exception raised in a worker: guard_refused, out_of_memory, build_error, toolchain,
     illegal_memory_access, cuda_error or exception (the first that matches, in that order)."""
     from cutegen.errors import BuildError, ToolchainError
 
+    if type(err).__name__ == "GuardRefused" or "refused by the judge's guard" in message:
+        return "guard_refused"
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return "out_of_memory"
     if isinstance(err, BuildError) or "Error building extension" in message:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutegen.evaluate.guard import install as guard_install
 from cutegen.records import to_json
 
 CANDIDATE_MODULE = "cutegen_candidate"
@@ -57,6 +58,7 @@ class CandidateSession:
         self.idle_limit_ms: float | None = None
         self._null: Any = None
         self.workdir = Path.cwd()
+        self._guard_readers: list[Any] = []  # the guard's reader, appended at the import (guard.py)
         self.state_before = snapshot_global_state()
         self.threads_before = thread_snapshot()
 
@@ -67,8 +69,9 @@ class CandidateSession:
         """Global state and thread changes since the snapshot taken before the candidate's import."""
         from cutegen.evaluate.checks_dynamic import global_state_changes, new_threads, snapshot_global_state
 
+        refusals = [r for reader in self._guard_readers for r in reader()]
         return {"state_changes": to_json(list(global_state_changes(self.state_before, snapshot_global_state()))),
-                "new_threads": to_json(list(new_threads(self.threads_before)))}
+                "new_threads": to_json(list(new_threads(self.threads_before))), "guard_refusals": refusals}
 
     def _export(self, outputs: Any) -> dict[str, Any]:
         from cutegen.evaluate.compare import flatten_outputs
@@ -107,7 +110,8 @@ class CandidateSession:
         import torch
 
         started = time.perf_counter()
-        self.candidate, kernels = import_and_build(payload["source"], self.runtime)
+        self.candidate, kernels = import_and_build(payload["source"], self.runtime, self.job.get("guard", True),
+                                                   self._guard_readers)
         model_new = getattr(self.candidate, "ModelNew", None)
         has_model = isinstance(model_new, type) and issubclass(model_new, torch.nn.Module)
         return {"build_s": time.perf_counter() - started, "kernels": kernels, "model_new": has_model,
@@ -345,17 +349,24 @@ def _null_forward(spec: Any, device: Any) -> Any:
     return lambda *inputs: make(spec)
 
 
-def import_and_build(source: str, runtime: Any) -> tuple[Any, list[dict[str, Any]]]:
+def import_and_build(source: str, runtime: Any, guard: bool = True,
+                     readers: list[Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """Import the candidate from a file in the working directory and build each of its CuTe kernels.
 
     A KernelBench-style candidate that calls `load_inline` at import builds during the import; the
-    parent's build timeout covers both.
+    parent's build timeout covers both. With `guard`, the judge's audit hook (guard.py) is installed
+    first, and the reader of its refusals is appended to `readers` (a list the caller made before any
+    candidate code ran, and holds where that code cannot reach it).
     """
     from cutegen.evaluate.context import CANDIDATE_FILE
     from cutegen.runtime import find_kernels
 
     path = Path.cwd() / CANDIDATE_FILE
     path.write_text(source, encoding="utf-8")
+    if guard and readers is not None:
+        readers.append(guard_install(str(path), Path.cwd()))
+    elif guard:
+        guard_install(str(path), Path.cwd())  # a build worker: a refusal raises, and the build reports it
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[CANDIDATE_MODULE] = module

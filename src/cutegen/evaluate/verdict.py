@@ -101,6 +101,10 @@ def error_failure(error: dict[str, Any], stage: str) -> tuple[str, str]:
     if kind == "build_error":
         distilled = error.get("distilled") or error.get("message", "")
         return "build_error", f"The build failed:\n{distilled.strip()[:2000]}"
+    if kind == "guard_refused":
+        return "guard_refused", (f"The judge's guard refused an operation{where} ({message}): candidate code may not"
+                                 " read frames or the heap, trace, use ctypes, start processes, replace code or"
+                                 " write outside its working directory.")
     if kind == "out_of_memory":
         return "out_of_memory", f"Out of memory during {stage}{where}: {message}"
     if kind in ("illegal_memory_access", "cuda_error"):
@@ -129,7 +133,7 @@ def timing_feedback(timing: TimingStats, fields: dict[str, Any], errors: ErrorSt
     if compiled is not None:
         parts.append(f"{fields['speedup_vs_compile']:.3g}x vs torch.compile ({compiled.median_ms:.4g} ms).")
     if fields.get("sol_fraction") is not None:
-        parts.append(f"{fields['sol_fraction'] * 100:.1f}% of the speed-of-light bound"
+        parts.append(f"{fields['sol_fraction'] * 100:.1f}% of the reference algorithm's work bound"
                      f" ({fields['sol_bound_ms']:.4g} ms).")
     if fields.get("noise_pct") is not None:
         parts.append(f"Baseline noise: {fields['noise_pct']:.1f}%.")
