@@ -1,43 +1,31 @@
 """Helpers shared by the bench scripts. A script runs as `python3 bench/<script>.py`, so bench/ is first
-on sys.path and `from _common import ...` finds this module."""
+on sys.path and `from _common import ...` finds this module. The scripts arrange CLI calls; what they
+measure is the CLI's (and the GPU tests': `pytest -m gpu`, tests/results_table.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
-import time
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 
-def run_section(name: str, namespace: Mapping[str, Any], ctx: dict[str, Any], results: dict[str, Any],
-                write_report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Run section NAME of a bench script, the function `section_NAME` of `namespace` (the script's
-    globals()), on `ctx`. Its data, or the traceback (an unknown or failing section keeps the others'
-    results), and its wall time go into results["sections"][name]; then the report is written again,
-    so a run cut short keeps what it did. Returns the section's data."""
-    started = time.perf_counter()
+def cutegen_json(args: list[str], env: Mapping[str, str], timeout_s: float) -> dict[str, Any]:
+    """`python3 -m cutegen ARGS` (ARGS asking for --json): its JSON object, or {"error": the output's
+    end} when it printed none (a crash, a timeout)."""
     try:
-        data = namespace[f"section_{name}"](ctx)
-    except Exception:  # noqa: BLE001 - keep the other sections' results
-        data = {"error": traceback.format_exc()}
-    data["wall_s"] = time.perf_counter() - started
-    results["sections"][name] = data
-    write_report(results)
-    return data
-
-
-def check_lines(result: Mapping[str, Any]) -> list[str]:
-    """A script's checks as a markdown table (result["checks"]: name, passed, detail), then its error
-    and traceback when it stopped on one."""
-    lines = ["", "| check | passed | detail |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {str(c['detail']).replace('|', '/')[:200]} |"
-              for c in result["checks"]]
-    if result.get("error"):
-        lines += ["", f"Error: {result['error']}", "", "```", result.get("traceback", ""), "```"]
-    return lines
+        done = subprocess.run([sys.executable, "-m", "cutegen", *args], capture_output=True, text=True,
+                              env=dict(env), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout_s:g} s"}
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:
+        return {"error": (done.stdout[-1000:] + done.stderr[-1500:]), "exit": done.returncode}
+    return found if isinstance(found, dict) else {"value": found}
 
 
 def shown(text: str, repo: Path, places: Mapping[Path, str]) -> str:

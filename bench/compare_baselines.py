@@ -1,8 +1,9 @@
-"""Compare the baselines of two KernelBench baseline files, (task, track) by (task, track).
+"""Compare the baselines of two survey files, (task, track) by (task, track).
 
     python3 bench/compare_baselines.py A.json B.json --out COMPARISON.md [--label-a fresh] [--label-b reused]
 
-A and B are files written by bench/baselines_kernelbench_h200.py. For every (task, track) that both
+A and B are files written by `cutegen survey` (before it, by bench/baselines_kernelbench_h200.py, in
+the same format). For every (task, track) that both
 measured, the eager and the torch.compile medians of B are set against A's (B / A - 1, in percent),
 beside each side's eager noise and worker job (which job of its worker the measurement was; "-" for
 records from before the field existed, each made in a fresh worker). The table ends with the median,
@@ -19,8 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_kernelbench_h200 import task_order  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:  # run from a checkout without installing cutegen
+    sys.path.insert(0, str(REPO / "src"))
+
+from cutegen.survey.probe import task_order  # noqa: E402
 
 KINDS = ("eager", "compiled")
 
@@ -90,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             states.append(json.loads(path.read_text()))
         except (OSError, ValueError) as err:
             parser.error(f"{path}: cannot read a baselines file ({err}); give files written by"
-                         " bench/baselines_kernelbench_h200.py")
+                         " `cutegen survey`")
         if "tasks" not in states[-1]:
-            parser.error(f"{path}: no 'tasks' in it; give files written by bench/baselines_kernelbench_h200.py")
+            parser.error(f"{path}: no 'tasks' in it; give files written by `cutegen survey`")
     rows = differences(*states)
     args.out.write_text(markdown(rows, *states, args.label_a, args.label_b))
     for s in summary(rows):

@@ -109,9 +109,30 @@ def pytest_runtest_logreport(report):
             out.write(report.longreprtext[-6000:] + "\n\n")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--results-dir", default=os.environ.get("CUTEGEN_TEST_RESULTS") or None,
+                     help="Where GPU tests write their results tables (NAME.json and NAME.md, with the machine"
+                          " manifest); default CUTEGEN_TEST_RESULTS, else a temporary folder. bench/h200_all.sh"
+                          " sets it; the tables of record are kept in bench/results/.")
+
+
+@pytest.fixture(scope="session")
+def results_dir(request, tmp_path_factory) -> Path:
+    """The folder GPU tests write their results tables into (tests/results_table.py)."""
+    given = request.config.getoption("--results-dir")
+    return Path(given) if given else tmp_path_factory.mktemp("results")
+
+
 @pytest.fixture(scope="session")
 def shared_build_cache(tmp_path_factory) -> Path:
-    """The build cache of GPU tests that only use (not measure) builds: CUTEGEN_TEST_BUILD_CACHE when
-    set (bench/h200_all.sh points it at the kernels it prebuilt in parallel), else a fresh folder."""
+    """The build cache of tests that only use (not measure) builds: CUTEGEN_TEST_BUILD_CACHE when set
+    (bench/h200_all.sh points it at the kernels it prebuilt in parallel), else one folder for the whole
+    run, shared by its xdist workers, so a kernel several tests build is compiled once (the cache takes
+    a lock per key: a second builder waits for the first and loads its library)."""
     given = os.environ.get("CUTEGEN_TEST_BUILD_CACHE")
-    return Path(given) if given else tmp_path_factory.mktemp("builds")
+    if given:
+        return Path(given)
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-builds"
+    shared.mkdir(exist_ok=True)
+    return shared

@@ -27,9 +27,12 @@ FAST_EVAL = ["--backend", "torch", "--device", "cpu", "--correctness-trials", "2
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    # Shared by the runs here: the reference probe and the baselines are measured once.
-    return tmp_path_factory.mktemp("cache")
+def cache(tmp_path_factory, shared_build_cache) -> Path:
+    # Shared by the runs here: the reference probe and the baselines are measured once. Builds go to the
+    # run's shared build cache (test_agent_replays.py compiles the same replies' kernels).
+    root = tmp_path_factory.mktemp("cache")
+    (root / "build").symlink_to(shared_build_cache, target_is_directory=True)
+    return root
 
 
 def cutegen(args: list[str], tmp_path: Path, cache: Path, **env_over: str) -> subprocess.Popen:

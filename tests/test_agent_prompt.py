@@ -68,7 +68,7 @@ def test_optimize_has_guidance_for_every_workload_class(workload):
     context = optimize_context(workload_class=workload)
     user = prompt.messages("optimize", backend="cute", track="fp32", **context)[1].content
     assert f"## Guidance for {workload} workloads" in user
-    assert "median 0.25 ms, 1.5x eager PyTorch, 1.1x torch.compile, 42.0% of the speed-of-light bound." in user
+    assert "median 0.25 ms, 1.5x eager PyTorch, 1.1x torch.compile, 42.0% of the reference algorithm's work bound." in user
 
 
 def test_profile_block_only_when_due():

@@ -1,7 +1,7 @@
 """The candidate folder of the GPU --evaluate check (tests/fixtures/bench_candidates): every file is
 named for a task, declares its kernels correctly, says what verdict it must get, and what the static
 checks can see (the cheating op call) they see; with nvcc, every CuTe source compiles for sm_90a
-except the one meant not to. The GPU verdicts themselves: bench/bench_evaluate_h200.py."""
+except the one meant not to. The GPU verdicts themselves: tests/test_bench_evaluate_gpu.py."""
 
 from __future__ import annotations
 

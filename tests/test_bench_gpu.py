@@ -1,6 +1,6 @@
 """On a CUDA machine: `--evaluate` judges CuTe candidate files right, and the torch-op export of the
 winner runs inside torch.compile(fullgraph=True). (The full check, with the KernelBench export built
-by load_inline, is bench/bench_evaluate_h200.py.)"""
+by load_inline, is tests/test_bench_evaluate_gpu.py.)"""
 
 from __future__ import annotations
 

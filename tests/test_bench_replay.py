@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ AGENT = ["--rounds", "1", "--repairs", "1", "--generations", "1", "--profiling",
 
 def cutegen(args: list[str], cwd: Path, timeout: float = 400) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUTEGEN_", "ANTHROPIC_", "OPENAI_"))}
-    env.update(CUTEGEN_CACHE=str(cwd / "cache"), PYTHONUNBUFFERED="1", COLUMNS="200")
+    env = {k: v for k, v in env.items() if k != "COLUMNS"}  # a log's width: rich's default, 80
+    env.update(CUTEGEN_CACHE=str(cwd / "cache"), PYTHONUNBUFFERED="1")
     done = subprocess.run([sys.executable, "-m", "cutegen", *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return done.returncode, done.stdout
@@ -97,6 +99,16 @@ def test_replay_bench_writes_kernelbench_results_markdown_and_html(agent_run):
         assert f"| {task} | b1 | torch | correct |" in report  # each row names the run's backend
     assert (run / "bench-report.html").is_file() and (run / "report.md").is_file()  # ours beside the agent's
     assert "6/6 done" in out and "results:" in out
+    # stdout is a pipe, as in a log: one plain line per event (time, task, step, verdict, speedups, GPU
+    # seconds; then each task's stop), no table, nothing wrapped at 80 columns.
+    assert not any(box in out for box in "┃━│┏└")
+    steps = [line for line in out.splitlines() if re.match(r"\d\d:\d\d:\d\d \S+ (generate|repair_\w+|optimize)", line)]
+    assert len(steps) == sum(len(r["trajectory"]) for r in results.values())
+    assert all(" | GPU " in line and " | s: " in line for line in steps) and max(map(len, steps)) > 80
+    assert any("passed, median" in line and "x eager PyTorch" in line for line in steps)
+    ends = [line for line in out.splitlines() if re.match(r"\d\d:\d\d:\d\d \S+ done: ", line)]
+    assert sorted(line.split()[1] for line in ends) == sorted(results)
+    assert all("optimization round(s) done | best kernel: median" in line for line in ends)
 
 
 def test_replay_bench_report_renders_in_chromium(agent_run):
@@ -108,7 +120,7 @@ def test_replay_bench_report_renders_in_chromium(agent_run):
     assert labels[:4] == ["Speedup per task", "fast_p curve", "Cost per task", "Best speedup against budget"]
     assert len(labels) == 4 + 6  # a trajectory per task
     assert all(p["width"] > 200 and p["height"] > 100 for p in page["plots"])
-    assert "No speed-of-light fractions" in page["text"]
+    assert "No fractions of the reference algorithm's work bound" in page["text"]
 
 
 def test_rerunning_the_bench_resumes_without_new_calls_or_evaluations(agent_run, work):

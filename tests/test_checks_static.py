@@ -42,7 +42,7 @@ DYNAMIC_NAMES = {
 
 # Checks of the timing stage and of the worker's end (pipeline.py, clock.py); `none`: a cheat that must
 # be timed no faster than its honest twin.
-STAGE_CHECKS = {"parent_clock", "timed_outputs", "work_past_stream", "worker_crashed", "worker_protocol", "guard_refused",
+STAGE_CHECKS = {"parent_clock", "timed_outputs", "work_past_stream", "worker_crashed", "worker_protocol", "guard_refused", "write_outside_scratch",
                 "none"}
 STATIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in STATIC_NAMES]
 DYNAMIC_CHEATS = [p for p in CHEATS if header(p).get("caught-by") in DYNAMIC_NAMES]

@@ -5,7 +5,7 @@ machine can judge, and refuses settings it cannot honour; the other commands tak
 `cutegen report` over a cute run and a cuda run of one suite shows them side by side per task.
 
 The GPU half (the plain-CUDA candidates judged end to end, the op and kernel audits under cuda) runs
-on the GPU machine: bench/evaluator_h200.py (each fixture under each of its backends)."""
+on the GPU machine: tests/test_fixtures_gpu.py (each fixture under each of its backends)."""
 
 from __future__ import annotations
 

@@ -74,12 +74,14 @@ def test_died_feedback_and_crash_line():
 
 
 def test_saved_runs_keys_are_pinned():
-    """request_sha256 keys recorded replies, eval_key recorded verdicts, cache_key builds."""
+    """request_sha256 keys recorded replies, eval_key recorded verdicts, cache_key and build_key builds:
+    a saved run, and a build cache made on another machine, are found only while these stay put. A
+    change here must be meant (a judgement-relevant EvalConfig field changes eval_key on purpose)."""
     from cutegen.config import EvalConfig
     from cutegen.journal import eval_key
     from cutegen.llm import request_sha256
     from cutegen.records import Message, Request
-    from cutegen.runtime.build import cache_key
+    from cutegen.runtime.build import build_key, cache_key
 
     request = Request((Message("system", "You write CuTe kernels."), Message("user", "Task: relu")), 4096,
                       "level1/19", "generate", 0)
@@ -88,5 +90,9 @@ def test_saved_runs_keys_are_pinned():
     assert cache_key("__global__ void k(){}", ("-O3", "-std=c++17"), "sm_90a",
                      "Cuda compilation tools, release 13.0, V13.0.88", "hdr") == \
         "d33589970e9df47a15622d8d11989e884e8dd592a1253b4977ea2920e1255f32"
+    # The key build_library uses: content only, no include path (the same in every virtual environment).
+    assert build_key("__global__ void k(){}", "sm_90a", "Cuda compilation tools, release 13.0, V13.0.88", "hdr") == \
+        "6113295b7868617d9f65b4f1589dc42b5ab9a453782a92c537d91fe570f0af24"
+    # Since the timing protocol's batches, calibration and guard settings joined the fingerprint.
     assert eval_key("a" * 64, "b" * 64, EvalConfig()) == \
-        "5b2e6e23e9924996f625b81b57f4a7edb568d3e54de796c26fe3796d193e4024"
+        "954e0dc1f18bd6a2cb5e707efb4b373f4f3b46d5d5e024e1544b49e1c4e6f6e3"

@@ -4,7 +4,7 @@ On CPU: torch-backend kernels judged by the evaluator are exported and run again
 KernelBench file loaded the way KernelBench loads it, the op inside torch.compile(fullgraph=True)); for
 the CuTe example kernel, what can be checked without a GPU: the KernelBench file loads and its C++
 launch shim compiles, and the op traces into one graph with its launchers skipped on fake tensors.
-The GPU side (load_inline build, compiled op on CUDA) is in bench/bench_evaluate_h200.py.
+The GPU side (load_inline build, compiled op on CUDA) is in tests/test_bench_evaluate_gpu.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The knowledge pack's example kernels on a GPU, against PyTorch, on awkward shapes: residue tiles,
 both LayerNorm paths, misaligned views, convolution strides/dilations/padding, the bf16 GEMM's two
 operand layouts and its fused bias+GELU epilogue. (The evaluator's full protocol and the H200 timings
-are in bench/knowledge_h200.py.)
+are in tests/test_knowledge_speed_gpu.py.)
 
 Marked gpu: skipped without a CUDA device.
 """

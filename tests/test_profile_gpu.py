@@ -1,6 +1,6 @@
 """The real Nsight Compute on a GPU: a profile of the elementwise example, its units against what the
 kernel must move, and the GEMM example's instruction mix. Needs CUDA, ncu and nvcc (skipped otherwise);
-bench/profile_h200.py measures the same at larger sizes and records the results."""
+tests/test_profile_agreement_gpu.py measures the same at larger sizes and records the results."""
 
 from __future__ import annotations
 

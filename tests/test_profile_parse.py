@@ -3,8 +3,8 @@
 Fixtures (tests/fixtures/ncu/, see its README.md):
 - synthetic_raw.csv and synthetic_details.csv are SYNTHETIC: hand-made in the documented layouts of
   `ncu --csv --page raw` and `ncu --csv` (the same three launches, printed in different units);
-- ncu_*.csv, when present, are RECORDED on the H200 by bench/profile_h200.py; their tests skip until
-  they are added.
+- ncu_*.csv, when present, are RECORDED on the H200 by tests/test_profile_agreement_gpu.py
+  (bench/profile_h200.py before it); their tests skip until they are added.
 """
 
 from __future__ import annotations
@@ -243,7 +243,8 @@ def test_query_metrics_output_filters_the_extra_metrics():
 
 # --------------------------------------------------------------------- recorded on the H200 (when added)
 
-# The sizes bench/profile_h200.py profiles: float32 tensors of 16384 x 4096 (swish, softmax), a 2048^3 GEMM.
+# The sizes the recorded profiles were made at (by bench/profile_h200.py then): float32 tensors of
+# 16384 x 4096 (swish, softmax), a 2048^3 GEMM.
 # Expected DRAM reads (relative tolerance) and the most that may be written. Writes can fall short of
 # the output size: up to an L2's worth of dirty lines (60 MB on the H200) is written back after the
 # kernel ends, outside what ncu counts; a 16 MB GEMM output may stay in L2 entirely.
@@ -259,7 +260,7 @@ RECORDED = {"ncu_swish_scale.csv": (LARGE_BYTES, 0.15, LARGE_BYTES, 0.75),
 def test_recorded_h200_output_parses_with_plausible_units(name):
     path = FIXTURES / name
     if not path.is_file():
-        pytest.skip(f"recorded fixture {name} not added yet (bench/profile_h200.py writes it)")
+        pytest.skip(f"recorded fixture {name} not added yet (tests/test_profile_agreement_gpu.py writes it)")
     launches = parse_ncu_csv(path.read_text())
     assert launches and all(1e-7 < l.values["gpu__time_duration.sum"] < 1.0 for l in launches)  # seconds
     if RECORDED[name] is not None:

@@ -3,7 +3,7 @@
 A stand-in `ncu` executable (a small script written per test, standing in for the external tool, not
 for project code) behaves like ncu does when it is denied the counters, hangs, rejects a metric, or
 profiles a candidate that crashes, so every failure path runs here on a CPU. The real ncu runs in
-tests/test_profile_gpu.py and bench/profile_h200.py.
+tests/test_profile_gpu.py and tests/test_profile_agreement_gpu.py.
 """
 
 from __future__ import annotations

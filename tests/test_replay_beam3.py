@@ -1,4 +1,4 @@
-"""examples/replays/beam3_torch.jsonl is well-formed for the run it was recorded for (bench/beam_h200.py):
+"""examples/replays/beam3_torch.jsonl is well-formed for the run it was recorded for (tests/test_beam_gpu.py):
 `--search beam:2,3 --rounds 2 --repairs 1` over swish_scale, row_softmax and layer_norm, torch backend.
 No evaluation here: the run itself is the bench script's (`--device cpu` on a CPU, about 2 minutes)."""
 

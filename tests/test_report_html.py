@@ -191,8 +191,8 @@ def test_side_by_side_report_renders_every_plot_without_errors(tmp_path):
     assert page["problems"] == []
     assert page["external"] == []  # self-contained: nothing loaded from anywhere
     labels = [p["label"] for p in page["plots"]]
-    # 4 summary plots (speedups, fast_p, cost, speed of light) + one trajectory per task
-    assert labels[:4] == ["Speedup per task", "fast_p curve", "Cost per task", "Speed of light"]
+    # 4 summary plots (speedups, fast_p, cost, work bound) + one trajectory per task
+    assert labels[:4] == ["Speedup per task", "fast_p curve", "Cost per task", "Work bound"]
     assert sorted(labels[4:]) == sorted(f"Trajectory of {t}" for t in ("level1/19", "level1/23", "level2/14", "level2/40"))
     for plot in page["plots"]:
         assert plot["width"] > 200 and plot["height"] > 100 and plot["marks"] > 10, plot

@@ -17,6 +17,7 @@ import pytest
 from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError, ConfigError, ToolchainError
 from cutegen.runtime import (
+    build_key,
     build_library,
     cache_key,
     detect_arch,
@@ -25,7 +26,9 @@ from cutegen.runtime import (
     normalize_arch,
     nvcc_flags,
     nvcc_release,
+    nvcc_version,
 )
+from cutegen.runtime.build import headers_id
 
 from helpers import needs_nvcc
 
@@ -166,6 +169,26 @@ def test_cache_key_changes_with_each_input():
     assert len(cache_key(*base)) == 64
 
 
+def test_the_build_key_holds_content_only():
+    """build_key takes no path: the flags it keys are nvcc_flags without the include folder, so the
+    key is the same in every virtual environment; each content input still changes it."""
+    version = "Cuda compilation tools, release 13.0, V13.0.88"
+    key = build_key(TINY_SOURCE, "sm_90a", version, "hdr")
+    assert key == cache_key(TINY_SOURCE.rstrip("\n") + "\n" + build_footer(), nvcc_flags("sm_90a"), "sm_90a", version,
+                            "hdr")
+    assert key == build_key(TINY_SOURCE, "sm_90", version, "hdr")  # sm_90 is built as sm_90a
+    assert len({key, build_key(TINY_SOURCE + "//\n", "sm_90a", version, "hdr"),
+                build_key(TINY_SOURCE, "sm_80", version, "hdr"), build_key(TINY_SOURCE, "sm_90a", "V12.8", "hdr"),
+                build_key(TINY_SOURCE, "sm_90a", version, "hdr2"),
+                build_key(TINY_SOURCE, "sm_90a", version, "hdr", ("-lineinfo",))}) == 6
+
+
+def build_footer() -> str:
+    from cutegen.runtime.build import runtime_source
+
+    return runtime_source("")[1:]
+
+
 # ------------------------------------------------------------------------------------ cache (nvcc)
 
 
@@ -184,6 +207,43 @@ def test_second_build_is_a_cache_hit(tmp_path):
     assert second.cached and second.compile_s is None
     assert second.library_path == first.library_path and second.cache_key == first.cache_key
     assert not any((tmp_path / "cache" / "tmp").iterdir())  # no temporary folder left behind
+
+
+def install_root(root: Path, headers: Path) -> Path:
+    """An include folder at `root` holding the CUTLASS headers of `headers` (linked, not copied: the
+    same content at another path, as in another virtual environment or on another machine)."""
+    include = root / "site-packages" / "cutlass_library" / "source" / "include"
+    include.mkdir(parents=True)
+    for name in ("cute", "cutlass"):
+        (include / name).symlink_to(headers / name, target_is_directory=True)
+    return include
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_a_build_from_another_install_root_is_found_by_content(tmp_path):
+    """The split run's case: the CPU side builds with its headers at one path, the GPU side looks the
+    build up with the same headers at another; the key holds no path, so the second is a cache hit."""
+    headers = find_cutlass_include(RuntimeConfig())
+    roots = [install_root(tmp_path / name, headers) for name in ("cpu-side-venv", "gpu-side")]
+    source = "#include <cutlass/version.h>\n" + TINY_SOURCE  # found only through the -I folder
+    first = build_library(source, _config(tmp_path, cutlass_include=roots[0]))
+    second = build_library(source, _config(tmp_path, cutlass_include=roots[1]))
+    assert not first.cached and second.cached and second.library_path == first.library_path
+    version = nvcc_version(find_nvcc(RuntimeConfig()))
+    assert first.cache_key == build_key(source, "sm_90", version, headers_id(headers))
+    command = json.loads((first.library_path.parent / "build.json").read_text())["command"]
+    assert str(roots[0]) in command  # the build used the first root's headers; the key does not name them
+    # Other headers at the same path are another build: a changed cutlass/version.h changes the key.
+    other = tmp_path / "patched" / "include"
+    (other / "cutlass").mkdir(parents=True)
+    (other / "cute").symlink_to(headers / "cute", target_is_directory=True)
+    for entry in (headers / "cutlass").iterdir():
+        if entry.name != "version.h":
+            (other / "cutlass" / entry.name).symlink_to(entry)
+    (other / "cutlass" / "version.h").write_text((headers / "cutlass" / "version.h").read_text() + "// patched\n")
+    assert headers_id(other) != headers_id(headers)
+    assert build_key(source, "sm_90a", version, headers_id(other)) != first.cache_key
 
 
 @pytest.mark.nvcc

@@ -28,9 +28,15 @@ order once all have finished. Each step records its parent candidate, the direct
 the idea the model says it tried (`Step`): the journal holds the tree.
 
     A task stops when its rounds are done, after `patience` rounds without gain, when the best kernel
-    reaches `target_sol_fraction` of its speed-of-light bound, or when the run's budget (model calls,
-    tokens, dollars, GPU seconds, wall time) is spent. A reply without a usable candidate is a failed
-    attempt with its reason in the journal, never a silent end.
+    reaches `target_sol_fraction` of the reference algorithm's work bound while faster than both
+    baselines (`target_reached`: a kernel near the bound but slower than torch.compile goes on being
+    optimized), or when the run's budget (model calls, tokens, dollars, GPU seconds, wall time) is
+    spent. The reason is the journal's `task_end` record and the reports' "stopped because". A reply
+    without a usable candidate is a failed attempt with its reason in the journal, never a silent end.
+
+The kernel library (library.py), when the run uses one, adds to each task's generate and optimize
+prompts the verified kernels of the most similar other tasks (chosen when the task first starts and
+journaled, so a resume shows the same), and takes every accepted kernel as soon as its step is journaled.
 
 Resume is replay. The state machine is deterministic given the model's replies and the verdicts, and
 both are in the journal: a resumed run walks the same path from the start, taking each reply from the
@@ -150,6 +156,8 @@ class _TaskState:
     profile: str | None = None  # its text (None: no profiler, the block says so)
     activity: str = "queued"
     halt: _Halt | None = None
+    signature: Any = None  # records.TaskSignature, when a kernel library is used
+    examples: tuple = ()  # the library's verified kernels of similar tasks its prompts show (journaled)
 
     @property
     def best(self) -> _Result | None:
@@ -162,7 +170,7 @@ class Agent:
     def __init__(
         self, journal: Journal, provider: Provider, config: AgentConfig, eval_config: EvalConfig, *,
         profiler: Profiler | None = None, gpu_available: Callable[[], bool] | None = None, executor: Any = None,
-        on_progress: Progress | None = None, on_step: StepDone | None = None,
+        on_progress: Progress | None = None, on_step: StepDone | None = None, library: Any = None,
     ) -> None:
         self.journal, self.provider, self.cfg, self.eval_config = journal, provider, config, eval_config
         self.policy = config.policy
@@ -171,6 +179,8 @@ class Agent:
         # Where evaluations run (evaluate/executor.py); None: this machine's service, one per run.
         self.executor = executor
         self.on_progress, self.on_step = on_progress, on_step
+        # library.KernelLibrary: examples for the prompts, and every accepted kernel added (None: neither).
+        self.library = library if config.library else None
         self.states: dict[str, _TaskState] = {}
         self._calls_in_flight = 0  # new model calls asked and not yet recorded: spent for the budget
         self._evaluations: dict[str, asyncio.Future] = {}  # this session's evaluations by key: one per candidate
@@ -329,9 +339,9 @@ class Agent:
         return f"{kind}{after}" + (f" ({last.verdict.failure})" if last.verdict.failure else "")
 
     def _check_finished(self, st: _TaskState) -> None:
-        best = st.best.verdict
-        if best.sol_fraction is not None and best.sol_fraction >= self.cfg.target_sol_fraction:
-            raise _Halt("done", f"best kernel at {best.sol_fraction:.0%} of speed of light")
+        reached = target_reached(st.best.verdict, self.cfg.target_sol_fraction)
+        if reached is not None:
+            raise _Halt("done", reached)
         if st.round >= self.cfg.rounds:
             raise _Halt("done", f"{self.cfg.rounds} optimization round(s) done")
         if st.no_gain >= self.cfg.patience:
@@ -465,6 +475,8 @@ class Agent:
     def _record(self, step: Step) -> None:
         if not self.journal.has_step(step.task_id, step.index):  # replayed steps are already there
             self.journal.append("step", **to_json(step))
+            if self.library is not None and step.verdict is not None and step.verdict.passed:
+                self._add_to_library(step)
             if self.on_step is not None:
                 self.on_step(step)
 
@@ -484,7 +496,7 @@ class Agent:
 
     def _context(self, st: _TaskState, stage: str, plan: _Plan | None = None, note: str | None = None) -> dict:
         context = {"task_id": st.task.task_id, "reference_source": st.task.source.strip(),
-                   "knowledge": st.knowledge, "note": note, **st.trace}
+                   "knowledge": st.knowledge, "note": note, "examples": st.examples, **st.trace}
         if stage in ("optimize", "directions"):
             parent = plan.parent
             rank = next(i for i, kept in enumerate(st.beam, 1) if kept is parent)
@@ -530,12 +542,30 @@ class Agent:
         from cutegen.knowledge import select_knowledge, task_dtypes
         from cutegen.trace import trace_task
 
-        trace = prompt.trace_context(trace_task(task))
+        traced = trace_task(task)
+        trace = prompt.trace_context(traced)
         knowledge = select_knowledge(trace["workload_class"], trace["aten_ops"], dtypes=task_dtypes(task),
                                      track=self.eval_config.track, folder=self.cfg.knowledge_dir,
                                      backend=self.eval_config.backend)
         tolerances = prompt.tolerances(self.eval_config, tuple(trace["output_dtypes"]))
-        return _TaskState(task=task, trace=trace, knowledge=knowledge, tolerances=tolerances)
+        st = _TaskState(task=task, trace=trace, knowledge=knowledge, tolerances=tolerances)
+        if self.library is not None:
+            from cutegen.library import examples_for_task, task_signature
+
+            st.signature = task_signature(task, traced)
+            st.examples = examples_for_task(self.journal, task, st.signature, self.library, k=self.cfg.library_examples,
+                                            same_task=self.cfg.library_same_task, backend=self.eval_config.backend,
+                                            track=self.eval_config.track)
+        return st
+
+    def _add_to_library(self, step: Step) -> None:
+        """An accepted kernel joins the library as soon as its step is journaled (a killed run keeps it)."""
+        from cutegen.library import provenance
+
+        run = self.journal.run_record()
+        st = self.states[step.task_id]
+        self.library.add_verdict(st.task, st.signature, self.journal.read_text(step.candidate_path), step.verdict,
+                                 provenance("agent", run.get("model"), run.get("run_id")))
 
     def result(self, task_id: str) -> TaskResult:
         """Where a task stands now, with what it has cost."""
@@ -581,6 +611,25 @@ def faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
     if new.speedup_vs_eager is not None and best.speedup_vs_eager is not None:
         return new.speedup_vs_eager > best.speedup_vs_eager * (1.0 + gain)
     return False
+
+
+def target_reached(verdict: Verdict, target: float) -> str | None:
+    """The stop reason when `verdict` meets the target, else None: at least `target` of the reference
+    algorithm's work bound and faster than the faster baseline measured (eager, torch.compile). The
+    bound alone is not enough: torch.compile can run a task faster than a kernel at 91% of the bound,
+    and a stop there would hand back a kernel slower than torch.compile. With no baseline measured the
+    target never stops a task (nothing shows the kernel is worth having)."""
+    if verdict.sol_fraction is None or verdict.sol_fraction < target or verdict.timing is None:
+        return None
+    measured = [(stats.median_ms, name) for name, stats in (("eager", verdict.eager),
+                                                            ("torch.compile", verdict.compiled)) if stats is not None]
+    if not measured:
+        return None
+    baseline_ms, name = min(measured)
+    if verdict.timing.median_ms >= baseline_ms:
+        return None
+    return (f"target reached: best kernel at {verdict.sol_fraction:.0%} of the reference algorithm's work bound"
+            f" and {baseline_ms / verdict.timing.median_ms:.2f}x {name}, the faster baseline")
 
 
 def _median_ms(result: _Result) -> float:

@@ -782,6 +782,23 @@ def step_line(task_id: str, label: str, verdict: Verdict | None, note: str | Non
     return f"{task_id} {label}: {outcome} | {gpu} | s: {seconds}"
 
 
+def task_end_line(result: Any) -> str:
+    """One line for a log about a task the agent stopped (a TaskResult): why, its best kernel, what it cost."""
+    best = []
+    if result.best_median_ms is not None:
+        best.append(f"median {result.best_median_ms:.4g} ms")
+    if result.speedup_vs_eager is not None:
+        best.append(f"{result.speedup_vs_eager:.3g}x eager PyTorch")
+    if result.speedup_vs_compile is not None:
+        best.append(f"{result.speedup_vs_compile:.3g}x torch.compile")
+    if result.sol_fraction is not None:
+        best.append(f"{result.sol_fraction:.1%} of the reference algorithm's work bound")
+    kernel = "best kernel: " + ", ".join(best) if best else "no correct kernel" if result.best_sha256 is None \
+        else "best kernel not timed"
+    return (f"{result.task_id} {result.status}: {result.stop_reason or 'stopped'} | {kernel} | GPU {result.gpu_s:.1f} s"
+            f" | {result.steps} steps, {result.llm_calls} model calls, ${result.cost_usd:.4f}")
+
+
 class SuiteProgress:
     """Folds the agent's per-task progress callbacks into suite-wide counts and an ETA.
 

@@ -90,13 +90,18 @@ class AgentConfig:
     (relative: 0.02 = 2% faster than the best so far).
     `profiling`: "none", "immediate" or "delayed:K" (the profile block is withheld for the first K
     optimization rounds).
-    `target_sol_fraction`: stop a task once its best kernel reaches this fraction of speed of light.
+    `target_sol_fraction`: stop a task once its best kernel reaches this fraction of the reference
+    algorithm's work bound and is faster than both baselines (agent._check_finished).
     `max_tokens`: the reply limit of each call; `concurrency`: model calls in flight at once.
     `knowledge_dir`: a folder of workload-class notes (`<class>.md`, `common.md`); None = the pack built
     in for the evaluation backend (knowledge.PACKS).
     `search`: how the tree of candidates is grown (`search_policy`): "single" (one kernel at a time),
     "best-of:N" (N generations side by side, the best correct kept) or "beam:W,K" (each round, K
     proposals from each of the W best kernels, side by side, the W best kept).
+    `library`: use the kernel library (library.py): its verified kernels of similar tasks are shown in
+    generate and optimize prompts, and every accepted kernel is added to it; False (`--no-library`)
+    reads and writes none, and a resumed run keeps that. `library_examples`: at most this many shown
+    per prompt (0: none); `library_same_task`: the task's own earlier entries may be shown too.
     """
 
     rounds: int = 5
@@ -111,11 +116,14 @@ class AgentConfig:
     budget: Budget = field(default_factory=Budget)
     knowledge_dir: Path | None = None
     search: str = "single"
+    library: bool = True
+    library_examples: int = 2
+    library_same_task: bool = False
 
     def __post_init__(self) -> None:
         from cutegen.errors import ConfigError
 
-        for name in ("rounds", "repairs", "patience", "max_tokens"):
+        for name in ("rounds", "repairs", "patience", "max_tokens", "library_examples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"Agent setting {name}={getattr(self, name)} is negative.", f"Give {name} >= 0.")
         for name in ("generations", "concurrency"):
@@ -376,3 +384,26 @@ class ProfileConfig:
                 f" warmup={self.warmup}, timeout_s={self.timeout_s}).",
                 "Use forwards >= 1, max_launches >= 1, warmup >= 0 and a positive timeout.",
             )
+
+
+# -------------------------------------------------------------------------------------------- library
+
+
+@dataclass(frozen=True)
+class LibraryConfig:
+    """The kernel library file (library.py) and the machine that writes to it.
+
+    `path`: the SQLite file (the CLI's default: library.sqlite in the user's cache folder).
+    `arch`: where this process's verdicts are measured ("sm_90", "cpu"; None: not known), stored with
+    each entry written here; examples measured on another architecture are shown with a note.
+    `device_name`: the device's name, stored beside the arch. `busy_timeout_s`: how long one statement
+    waits for another writer's lock; `retries`: whole transactions tried again after that, with backoff.
+    `max_example_chars`: a kernel longer than this is never put in a prompt.
+    """
+
+    path: Path
+    arch: str | None = None
+    device_name: str | None = None
+    busy_timeout_s: float = 30.0
+    retries: int = 8
+    max_example_chars: int = 24000

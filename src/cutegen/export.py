@@ -108,7 +108,7 @@ def _header(result: BenchTaskResult, run: BenchRun, what: str, note: str) -> str
         f"Measured by the cutegen evaluator ({run.evaluation.get('backend', '?')} backend, precision track"
         f" {run.evaluation.get('track', '?')}, {gpu}): {x(result.speedup_vs_eager)} vs eager PyTorch,"
         f" {x(result.speedup_vs_compile)} vs torch.compile"
-        + (f", {100 * result.sol_fraction:.0f}% of speed of light." if result.sol_fraction is not None else "."),
+        + (f", {100 * result.sol_fraction:.0f}% of the reference algorithm's work bound." if result.sol_fraction is not None else "."),
         note,
     ]
     wrapped = []

@@ -19,8 +19,10 @@ call; a `directions` call of a beam search has a reply and no step), `evaluate` 
 started), `evaluate_retry` (an executor sent it again: the process or cluster node running it died;
 records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply, verdict, and its place
 in the search tree: parent candidate, direction, idea), `profile` (profiler text of a kernel),
-`task_end` (why a task stopped), `exit` (a session ended, with its status). Side-by-side steps are
-appended as their evaluations finish; their indices keep the order they were asked in.
+`task_end` (why a task stopped), `library_examples` (the kernel library's examples a task's prompts
+show, chosen when it first starts: library.examples_for_task), `exit` (a session ended, with its
+status). Side-by-side steps are appended as their evaluations finish; their indices keep the order
+they were asked in.
 
 Each line is flushed and fsynced before the program goes on. A kill loses at most the record being
 written: a torn last line is cut off when the journal is opened again.
@@ -46,8 +48,10 @@ SCHEMA_VERSION = 1
 JOURNAL = "journal.jsonl"
 
 # EvalConfig fields that describe the machine, not the judgement: left out of evaluation cache keys
-# so that a run directory moved to another machine still finds its finished evaluations.
-MACHINE_LOCAL_EVAL_FIELDS = ("cache_dir", "runtime", "gpus", "log_tail_bytes")
+# so that a run directory moved to another machine still finds its finished evaluations. busy_retries
+# is how long this machine waits out other processes on a shared GPU: it decides whether a verdict
+# comes at all (gpu_busy is no verdict on the candidate), never what it says.
+MACHINE_LOCAL_EVAL_FIELDS = ("cache_dir", "runtime", "gpus", "log_tail_bytes", "busy_retries")
 
 
 def from_json(cls: Any, data: Any) -> Any:

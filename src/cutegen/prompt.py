@@ -110,5 +110,5 @@ def measurements(verdict: Verdict) -> str:
     if verdict.speedup_vs_compile is not None:
         parts.append(f"{verdict.speedup_vs_compile:.3g}x torch.compile")
     if verdict.sol_fraction is not None:
-        parts.append(f"{verdict.sol_fraction:.1%} of the speed-of-light bound")
+        parts.append(f"{verdict.sol_fraction:.1%} of the reference algorithm's work bound")
     return ", ".join(parts) + "." if parts else "not timed."

@@ -586,3 +586,87 @@ class Profile:
     other_kernels: tuple[str, ...] = ()  # kernels in the profiled range that are not the candidate's
     metrics_missing: tuple[str, ...] = ()  # requested metrics this ncu/GPU does not have
     wall_s: float | None = None
+
+
+# -------------------------------------------------------------------------------------------- library
+
+
+@dataclass(frozen=True)
+class TaskSignature:
+    """What a task computes, as the kernel library compares tasks (library.py): the traced op sequence
+    and workload class (trace.py), the shapes and dtypes of its inputs and outputs, and its non-tensor
+    arguments. Found on the meta device, like the trace: no memory, no arithmetic."""
+
+    op_class: str  # the workload class (WORKLOAD_CLASSES)
+    aten_ops: tuple[str, ...]  # distinct compute ops, first seen first
+    anchor_op: str | None
+    input_shapes: tuple[tuple[int, ...], ...]  # the tensors of get_inputs(), in order
+    input_dtypes: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    params: tuple[str, ...]  # non-tensor constructor and forward arguments, as repr() text
+    flops: int | None
+    min_bytes: int | None
+
+
+@dataclass(frozen=True)
+class KernelMeasurement:
+    """What the evaluator measured of an accepted kernel on its task (medians; None: not measured)."""
+
+    median_ms: float | None
+    eager_median_ms: float | None
+    compile_median_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    sol_fraction: float | None  # of the reference algorithm's work bound
+    sol_bound_ms: float | None
+    feedback: str  # the verdict's summary, as the evaluator wrote it
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a library entry came from."""
+
+    origin: str  # "eval", "agent", "bench --evaluate", "import", or the results file it was read from
+    model: str | None  # the provider spec of the run that wrote it (None: not a model's kernel, or unknown)
+    run_id: str | None
+    added_utc: str  # ISO 8601, when it entered the library
+    cutegen_version: str
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One accepted kernel in the library: its task, its source, where and how it was judged and what
+    was measured. `content_sha256` is the candidate's hash (sha256 of the normalised source); one
+    kernel judged on one task, backend, architecture and track is one entry."""
+
+    content_sha256: str
+    task_id: str
+    task_name: str
+    task_sha256: str
+    signature: TaskSignature
+    source: str
+    backend: str  # the evaluation backend it passed under: "cute", "cuda" or "torch"
+    track: str  # the precision track: "fp32" or "tf32"
+    arch: str  # where it was measured: "sm_90", "cpu", or "unknown"
+    device_name: str | None  # e.g. "NVIDIA H200"; None when not recorded
+    measured: KernelMeasurement
+    provenance: Provenance
+    verdict: Verdict | None = None  # the whole verdict (its log tail left out), when it was kept
+    entry_id: int | None = None  # the row id once stored
+
+
+@dataclass(frozen=True)
+class LibraryExample:
+    """A library kernel as a prompt shows it. Journaled per task when the task starts (kind
+    `library_examples`), so that a resumed run shows the same examples and asks the same requests."""
+
+    entry_id: int
+    task_id: str
+    op_class: str
+    aten_ops: tuple[str, ...]
+    shapes: str  # "inputs (128, 4096) float32 -> outputs (128, 4096) float32"
+    backend: str
+    source: str
+    speed: str  # what was measured, in words, with the device and track
+    note: str | None = None  # a caveat: measured on another architecture than this run's

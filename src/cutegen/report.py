@@ -8,7 +8,7 @@ the project (evaluation, bench --evaluate) never needs it.
 
     speedups      per-task speedups vs eager and vs torch.compile, one row of dots per run
     fast_p        the fraction of tasks correct and faster than p, as p grows (both baselines)
-    sol           fraction of the speed-of-light bound, tasks ranked (runs measured on a GPU)
+    sol           fraction of the reference algorithm's work bound, tasks ranked (runs measured on a GPU)
     cost          dollars (or, for recorded replies, model calls) and GPU seconds per task
     budget        per run (search strategy): the mean best speedup reached against the model calls
                   and the GPU seconds spent per task, so a user can pick a budget
@@ -350,7 +350,7 @@ def fast_p_plot(series: list[Series]) -> Plot:
 
 
 def sol_plot(series: list[Series]) -> Plot | None:
-    """Fraction of the speed-of-light bound per correct task, ranked; None when no run measured it."""
+    """Fraction of the reference algorithm's work bound per correct task, ranked; None when no run measured it."""
     ranked = [(s, sorted((r.sol_fraction for r in primary_results(s.run.results)
                           if r.correctness and r.sol_fraction is not None), reverse=True)) for s in series]
     if not any(values for _, values in ranked):
@@ -367,11 +367,14 @@ def sol_plot(series: list[Series]) -> Plot | None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, max(1.1, max(v for _, values in ranked for v in values) * 1.05))
     ax.set_xlabel("tasks, ranked")
-    ax.set_ylabel("fraction of speed of light")
+    ax.set_ylabel("fraction of the work bound")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _plot(fig, "sol", "Speed of light",
-                 "Each correct task's best time as a fraction of its bound max(FLOPs/peak, bytes/bandwidth).")
+    return _plot(fig, "sol", "Work bound",
+                 "Each correct task's best time as a fraction of the reference algorithm's work bound:"
+                 " max(FLOPs / peak, minimum bytes / bandwidth) of the reference at the hardware's peaks (the"
+                 " larger of datasheet and measured). An honest kernel doing the reference's work stays under"
+                 " 1; a task's stated structure may need less work than its reference.")
 
 
 def cost_plot(series: list[Series]) -> Plot:

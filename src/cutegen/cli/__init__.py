@@ -52,15 +52,46 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     _register()
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in args  # stdout then carries one JSON object on every exit, errors included
     try:
-        # Standalone mode: usage errors print click's message and exit 2, typer.Exit/sys.exit set the
-        # status; only our own errors need catching here.
-        app(args=argv, prog_name="cutegen")
+        if as_json:
+            _main_for_json(args)
+        else:
+            # Standalone mode: usage errors print click's message and exit 2, typer.Exit/sys.exit set
+            # the status; only our own errors need catching here.
+            app(args=args, prog_name="cutegen")
     except SystemExit as done:
         if done.code not in (0, None):  # success returns, so in-process callers can go on
             raise
     except CutegenError as err:
         from rich.markup import escape  # the message is text: "cutegen[ray]" is no style tag
 
+        if as_json:
+            _echo_exit(EXIT_USER_ERROR, "usage_error", str(err))
         err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
+
+
+def _main_for_json(args: list[str]) -> None:
+    """Run a command that was asked for --json so that a command line click rejects (an unknown
+    option, a missing argument) also answers with a JSON object on stdout; its message goes to stderr."""
+    try:
+        status = app(args=args, prog_name="cutegen", standalone_mode=False)
+    except typer.Abort:
+        sys.exit(1)
+    except typer.TyperException as err:  # click's usage errors (typer carries its own click)
+        code = getattr(err, "exit_code", EXIT_USER_ERROR)
+        _echo_exit(code, "usage_error", err.format_message() if hasattr(err, "format_message") else str(err))
+        if hasattr(err, "show"):
+            err.show()
+        sys.exit(code)
+    if isinstance(status, int) and status:  # a typer.Exit's code, returned outside standalone mode
+        sys.exit(status)
+
+
+def _echo_exit(status: int, reason: str, message: str) -> None:
+    """The JSON object of an exit that is not the command's own answer (no verdict came)."""
+    import json
+
+    typer.echo(json.dumps({"exit_status": status, "reason": reason, "message": message}))

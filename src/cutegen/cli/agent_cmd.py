@@ -31,7 +31,7 @@ STATUS_HELP = (
     " exchange reply files, then `cutegen resume RUN`); 76 needs a GPU (move the run directory to a"
     " CUDA machine and `cutegen resume RUN` there)."
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a message is one line in a log, never cut at 80 columns
 
 
 @app.command("optimize", help="Generate, test and refine a kernel for each task with a model. " + STATUS_HELP)
@@ -64,7 +64,12 @@ def optimize_command(
     ray_resource: opt.RayResource = None,
     runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run directory (default: time + random)."),
+    library: opt.LibraryPath = None,
+    no_library: opt.NoLibrary = False,
+    library_examples: opt.LibraryExamples = 2,
+    library_same_task: opt.LibrarySameTask = False,
 ) -> None:
+    from cutegen.cli.library_cmd import open_library
     from cutegen.config import AgentConfig, Budget
     from cutegen.journal import Journal, new_run_id, start_run
     from cutegen.tasks import load_tasks
@@ -74,10 +79,12 @@ def optimize_command(
                     wall_s=budget_wall_s)
     agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
-                               concurrency=concurrency, budget=budget, search=search)
+                               concurrency=concurrency, budget=budget, search=search, library=not no_library,
+                               library_examples=library_examples, library_same_task=library_same_task)
     eval_config = _local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                      timing_trials=timing_trials, compile_baseline=compile_baseline)
     _check_unique(loaded)
+    store = open_library(library, no_library, device=device)  # an unusable file fails before the run starts
     where = executor_config(executor, ray_resource)
     _provider(model, None)  # a missing key or file fails here, before the run directory exists
     run_dir = runs_dir / (run_id or new_run_id())
@@ -86,7 +93,7 @@ def optimize_command(
     _copy_replay_file(model, run_dir)
     start_run(journal, loaded, spec, agent_config, eval_config)
     console.print(f"run directory: {run_dir}")
-    _execute(journal, agent_config, eval_config, where)
+    _execute(journal, agent_config, eval_config, where, store)
 
 
 @app.command("resume", help="Continue a run from its journal: recorded replies and finished evaluations are"
@@ -96,7 +103,9 @@ def resume_command(
     concurrency: opt.Concurrency = None,
     executor: opt.ExecutorSpec = "local",
     ray_resource: opt.RayResource = None,
+    library: opt.LibraryPath = None,
 ) -> None:
+    from cutegen.cli.library_cmd import open_library
     from cutegen.config import AgentConfig
     from cutegen.journal import Journal, from_json, load_run
 
@@ -106,7 +115,9 @@ def resume_command(
     if concurrency:
         agent_config = from_json(AgentConfig, {**setup.agent, "concurrency": concurrency})
     eval_config = _local_eval_config(**setup.evaluation)
-    _execute(journal, agent_config, eval_config, executor_config(executor, ray_resource))
+    # The run's own choice: one started with --no-library uses none when resumed either.
+    store = open_library(library, not agent_config.library, device=eval_config.device)
+    _execute(journal, agent_config, eval_config, executor_config(executor, ray_resource), store)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -184,26 +195,31 @@ def _check_unique(tasks) -> None:
         seen.add(task.task_id)
 
 
-def _execute(journal, agent_config, eval_config, executor_settings) -> None:
+def _execute(journal, agent_config, eval_config, executor_settings, library=None) -> None:
     from cutegen.agent import EXIT_NEEDS_GPU, EXIT_WAITING, Agent
     from cutegen.journal import load_run, write_outputs
 
     setup = load_run(journal)
     provider = _provider(setup.model, journal.run_dir.resolve())
-    from cutegen.cli.bench_cmd import step_printer
+    from cutegen.cli.bench_cmd import step_printer, task_end_printer
 
     rows: dict[str, tuple] = {t.task_id: (None, "queued") for t in setup.tasks}
-    logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
-    with running_executor(executor_settings, eval_config) as executor, \
-            Live(_table(rows), console=console, refresh_per_second=4, transient=False,
-                 auto_refresh=not logging) as live:
+    logging = not sys.stdout.isatty()  # a log gets one plain line per event; a terminal a live table
+    live_table = contextlib.nullcontext() if logging else \
+        Live(_table(rows), console=console, refresh_per_second=4, transient=False)
+    with running_executor(executor_settings, eval_config) as executor, live_table as live:
+        ended = task_end_printer() if logging else None
+
         def on_progress(result, activity: str) -> None:
             rows[result.task_id] = (result, activity)
-            if not logging:
+            if ended is not None:
+                ended(result)
+            else:
                 live.update(_table(rows))
 
         agent = Agent(journal, provider, agent_config, eval_config, profiler=_profiler(agent_config, eval_config),
-                      executor=executor, on_progress=on_progress, on_step=step_printer() if logging else None)
+                      executor=executor, on_progress=on_progress, on_step=step_printer() if logging else None,
+                      library=library)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
     results = [agent.result(t.task_id) for t in setup.tasks]

@@ -9,9 +9,11 @@ with `cutegen bench` again with the same --run-id, or `cutegen resume RUN` then 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from rich.table import Table
 from cutegen.cli import app
 from cutegen.cli import options as opt
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a message is one line in a log, never cut at 80 columns
 BENCH_HELP = (
     "Run the agent over a suite (--model), or judge existing ModelNew files (--evaluate DIR), and write"
     " per-task results with KernelBench metrics (results.json) and a report. A run with an existing"
@@ -68,8 +70,13 @@ def bench_command(
     runs_dir: opt.RunsDir = Path("runs"),
     run_id: str = typer.Option(None, "--run-id", help="Run directory name; an existing one is resumed."),
     html: bool = typer.Option(True, "--report/--no-report", help="Write bench-report.md/.html at the end."),
+    library: opt.LibraryPath = None,
+    no_library: opt.NoLibrary = False,
+    library_examples: opt.LibraryExamples = 2,
+    library_same_task: opt.LibrarySameTask = False,
 ) -> None:
     from cutegen.cli.agent_cmd import executor_config
+    from cutegen.cli.library_cmd import open_library
     from cutegen.config import AgentConfig, Budget
     from cutegen.errors import ConfigError
     from cutegen.tasks import load_tasks
@@ -83,19 +90,21 @@ def bench_command(
     eval_config = _eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                timing_trials=timing_trials, compile_baseline=compile_baseline,
                                gpus=_gpu_list(gpus, device))
+    store = open_library(library, no_library, device=device, gpu=eval_config.gpus[0])  # unusable: fails here
     if evaluate is not None:
         if build_jobs is not None and build_jobs < 1:
             raise ConfigError(f"--build-jobs {build_jobs} is below 1.", "Give --build-jobs 1 or more.")
         status, run_dir = _bench_evaluate(suite, select, tasks, evaluate, eval_config, runs_dir, run_id, build_jobs,
-                                          where)
+                                          where, store)
     else:
         budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
                         wall_s=budget_wall_s)
         agent_config = AgentConfig(rounds=rounds, repairs=repairs, generations=generations, patience=patience,
                                    profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
-                                   concurrency=concurrency, budget=budget, search=search)
+                                   concurrency=concurrency, budget=budget, search=search, library=not no_library,
+                                   library_examples=library_examples, library_same_task=library_same_task)
         status, run_dir = _bench_agent(suite, select, tasks, model, agent_config, eval_config, runs_dir, run_id,
-                                       where)
+                                       where, store)
     if html:
         _write_report(run_dir)
     sys.exit(status)  # sys.exit, not typer.Exit: click returns an Exit's code outside standalone mode
@@ -105,7 +114,7 @@ def bench_command(
 
 
 def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent_config: Any, eval_config: Any,
-                 runs_dir: Path, run_id: str | None, where: Any) -> tuple[int, Path]:
+                 runs_dir: Path, run_id: str | None, where: Any, library: Any = None) -> tuple[int, Path]:
     from cutegen import bench
     from cutegen.cli.agent_cmd import _check_unique, _copy_replay_file, _provider, _provider_spec_for_run
     from cutegen.journal import JOURNAL, Journal, from_json, load_run, new_run_id, start_run
@@ -128,7 +137,7 @@ def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent
         bench.write_meta(run_dir, kind="agent", suite=suite, select=select, tasks=tasks, config=eval_config)
         console.print(f"run directory: {run_dir}")
     bench.add_session(run_dir, machine_manifest(eval_config.runtime))
-    status = _run_agent(journal, agent_config, eval_config, where)
+    status = _run_agent(journal, agent_config, eval_config, where, library)
     setup = load_run(journal)
     bench.write_results(run_dir, bench.agent_results(run_dir), kind="agent", model=setup.model,
                         recorded=bench.load_run(run_dir).recorded, agent=setup.agent, evaluation=setup.evaluation)
@@ -145,7 +154,7 @@ def _check_same_tasks(run_dir: Path, recorded: tuple, selected: list) -> None:
                           " or pick a new --run-id.")
 
 
-def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any) -> int:
+def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any, library: Any = None) -> int:
     """The agent over every task of the run (as `cutegen optimize`), with suite-wide progress."""
     from cutegen import bench
     from cutegen.agent import Agent
@@ -156,45 +165,75 @@ def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any) ->
     provider = _provider(setup.model, journal.run_dir.resolve())
     ids = [t.task_id for t in setup.tasks]
     progress = bench.SuiteProgress(ids, already_done=[i for i in ids if journal.task_end(i) is not None])
-    logging = not sys.stdout.isatty()  # a log gets one line per finished step; a terminal a live table
-    with running_executor(where, eval_config) as executor, \
-            Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False,
-                 auto_refresh=not logging) as live:
+    logging = not sys.stdout.isatty()  # a log gets one plain line per event; a terminal a live table
+    live_table = contextlib.nullcontext() if logging else \
+        Live(_progress_table(progress), console=console, refresh_per_second=2, transient=False)
+    with running_executor(where, eval_config) as executor, live_table as live:
+        ended = task_end_printer() if logging else None
+
         def on_progress(result: Any, activity: str) -> None:
             progress.update(result, activity)
-            if not logging:
+            if ended is not None:
+                ended(result)
+            else:
                 live.update(_progress_table(progress))
 
         agent = Agent(journal, provider, agent_config, eval_config, executor=executor, on_progress=on_progress,
-                      on_step=step_printer() if logging else None)
+                      on_step=step_printer() if logging else None, library=library)
         journal.begin_session(host=platform.node(), argv=sys.argv[1:])
         status = asyncio.run(agent.run(list(setup.tasks)))
-        live.update(_progress_table(progress))  # the final state (a log saw only the step lines)
+        if logging:
+            log_line(_progress_title(progress))
+        else:
+            live.update(_progress_table(progress))  # the final state
     results = [agent.result(t.task_id) for t in setup.tasks]
     write_outputs(journal, results)
     journal.append("exit", status=status, pending=[r.task_id for r in results if r.status != "done"])
     return status
 
 
+def log_line(text: str) -> None:
+    """One event in a log (stdout is not a terminal): the time, then the event on one plain line, flushed."""
+    typer.echo(f"{time.strftime('%H:%M:%S')} {' '.join(text.split())}")
+    sys.stdout.flush()
+
+
 def step_printer() -> Any:
-    """An Agent on_step callback printing one line per finished step (bench.step_line), flushed."""
+    """An Agent on_step callback logging one line per finished step (bench.step_line)."""
     from cutegen import bench
 
     def on_step(step: Any) -> None:
         label = f"{step.stage}" + (f" (round {step.round})" if step.round else "")
-        typer.echo(bench.step_line(step.task_id, label, step.verdict, step.bad_reply and f"unusable reply:"
-                                                                                       f" {step.bad_reply}"))
-        sys.stdout.flush()
+        log_line(bench.step_line(step.task_id, label, step.verdict, step.bad_reply and f"unusable reply:"
+                                                                                     f" {step.bad_reply}"))
 
     return on_step
 
 
-def _progress_table(progress: Any) -> Table:
+def task_end_printer() -> Any:
+    """An on_progress helper logging one line when a task stops (bench.task_end_line), once per task."""
+    from cutegen import bench
+
+    logged: set[str] = set()
+
+    def on_progress(result: Any) -> None:
+        if result.status != "running" and result.task_id not in logged:
+            logged.add(result.task_id)
+            log_line(bench.task_end_line(result))
+
+    return on_progress
+
+
+def _progress_title(progress: Any) -> str:
     snap = progress.snapshot()
     eta = _duration(snap.eta_s) if snap.eta_s is not None else "-"
-    table = Table(title=f"cutegen bench: {snap.done}/{snap.total} done, {snap.running} running, {snap.queued} queued;"
-                        f" {snap.correct} correct; ${snap.cost_usd:.2f}; GPU {snap.gpu_s:.0f} s;"
-                        f" elapsed {_duration(snap.elapsed_s)}, ETA {eta}", title_justify="left")
+    return (f"cutegen bench: {snap.done}/{snap.total} done, {snap.running} running, {snap.queued} queued;"
+            f" {snap.correct} correct; ${snap.cost_usd:.2f}; GPU {snap.gpu_s:.0f} s;"
+            f" elapsed {_duration(snap.elapsed_s)}, ETA {eta}")
+
+
+def _progress_table(progress: Any) -> Table:
+    table = Table(title=_progress_title(progress), title_justify="left")
     for column in ("task", "stage", "steps", "best vs eager", "calls", "cost $"):
         table.add_column(column, justify="left" if column in ("task", "stage") else "right")
     active = [(r, a) for r, a in progress.state.values() if r.status != "done" and a != "queued"]
@@ -214,7 +253,7 @@ def _duration(seconds: float) -> str:
 
 
 def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, config: Any, runs_dir: Path,
-                    run_id: str | None, build_jobs: int | None, where: Any) -> tuple[int, Path]:
+                    run_id: str | None, build_jobs: int | None, where: Any, library: Any = None) -> tuple[int, Path]:
     from rich.progress import Progress
 
     from cutegen import bench
@@ -232,6 +271,7 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
     console.print(f"{len(found)} candidate file(s) for {len({k[0] for k in found})} of {len(tasks)} task(s); results in {out}")
     bench.add_session(out, machine_manifest(config.runtime))
     logging = not sys.stdout.isatty()  # a log gets one line per verdict; a terminal a progress bar
+    by_id, signatures, added = {t.task_id: t for t in tasks}, {}, []  # the accepted kernels join the library
     with running_executor(where, config, build_jobs) as executor, \
             Progress(console=console, transient=True, disable=logging) as bar:
         job = bar.add_task("judging", total=len(found))
@@ -239,19 +279,27 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
         def on_result(result: Any, finished: int, total: int, verdict: Any = None) -> None:
             mark = "correct" if result.correctness else f"{result.stage_reached}: {result.failure}"
             bar.update(job, completed=finished, description=f"judged {result.task_id} sample {result.sample_id}: {mark}")
+            if library is not None and verdict is not None and verdict.passed:
+                from cutegen.cli.library_cmd import add_accepted
+
+                added.append(add_accepted(library, by_id[result.task_id], out / result.candidate_path, verdict,
+                                          "bench --evaluate", out.name, signatures)[0])
             if logging:
-                typer.echo(f"[{finished}/{total}] " + bench.step_line(result.task_id, f"sample {result.sample_id}",
-                                                                     verdict, result.failure))
+                log_line(f"[{finished}/{total}] " + bench.step_line(result.task_id, f"sample {result.sample_id}",
+                                                                   verdict, result.failure))
 
         def on_waiting(running: list[tuple[str, Any, float]]) -> None:
             if logging and running:
                 shown = ", ".join(f"{task} sample {sample} ({seconds:.0f} s)" for task, sample, seconds in running[:3])
                 more = f" and {len(running) - 3} more" if len(running) > 3 else ""
-                typer.echo(f"still judging {len(running)} candidate(s): {shown}{more}")
+                log_line(f"still judging {len(running)} candidate(s): {shown}{more}")
 
         results = bench.evaluate_suite(tasks, folder, out, config, on_result=on_result, executor=executor,
                                        on_waiting=on_waiting)
     bench.write_results(out, results, kind="evaluate", evaluation=eval_fingerprint(config))
+    if library is not None:
+        console.print(f"kernel library {library.path}: {sum(i is not None for i in added)} of {len(added)} accepted"
+                      " kernel(s) added (the rest were there)")
     _print_summary(out)
     _print_throughput(out)
     return 0, out
@@ -323,6 +371,13 @@ def _print_summary(run_dir: Path) -> None:
     from cutegen import bench
 
     run = bench.load_run(run_dir)
+    if not sys.stdout.isatty():  # a log: one plain line per group, no box to wrap
+        for g in run.summary:
+            typer.echo(f"{run.run_id} {g.group}: {g.tasks} tasks, {g.correct} correct; vs eager fast_1"
+                       f" {_pct(g.fast_1_eager)}, fast_2 {_pct(g.fast_2_eager)}, geomean {_x(g.geomean_speedup_eager)};"
+                       f" vs torch.compile fast_1 {_pct(g.fast_1_compile)}, geomean {_x(g.geomean_speedup_compile)}")
+        typer.echo(f"results: {run_dir / bench.RESULTS}")
+        return
     table = Table(title=f"{run.run_id}: {len(run.results)} result(s)", title_justify="left")
     for column in ("group", "tasks", "correct", "fast_1", "fast_2", "geomean", "fast_1 (compile)", "geomean (compile)"):
         table.add_column(column, justify="left" if column == "group" else "right")

@@ -19,6 +19,20 @@ def cache_root() -> Path:
     return Path(value).expanduser() if value else default_cache_root()
 
 
+# CUTEGEN_LIBRARY: the kernel library file (default: library.sqlite in CUTEGEN_CACHE when that is set,
+# else in $XDG_CACHE_HOME/cutegen, else in ~/.cache/cutegen)
+
+
+def library_path() -> Path:
+    value = os.environ.get("CUTEGEN_LIBRARY")
+    if value:
+        return Path(value).expanduser()
+    if os.environ.get("CUTEGEN_CACHE"):
+        return cache_root() / "library.sqlite"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() / "cutegen" if xdg else default_cache_root()) / "library.sqlite"
+
+
 def runtime_config() -> RuntimeConfig:
     include = os.environ.get("CUTEGEN_CUTLASS_INCLUDE")
     if not include and os.environ.get("CUTLASS_PATH"):

@@ -1,8 +1,10 @@
 """`cutegen eval` (judge one candidate) and `cutegen baseline` (time eager and torch.compile).
 
 Exit status of `eval`: 0 the candidate passed, 1 it was rejected (the table says by which check),
-2 a usage or settings error, 76 needs a GPU (on a machine without a CUDA device the candidate passed
-the static checks and, where nvcc and CUTEGEN_ARCH allow, the build; the rest needs the device).
+2 a usage or settings error, 3 the GPU was too busy to judge it (gpu_busy), 76 needs a GPU (on a
+machine without a CUDA device the candidate passed the static checks and, where nvcc and CUTEGEN_ARCH
+allow, the build; the rest needs the device). With --json stdout holds one JSON object on every exit:
+the Verdict, or {"exit_status", "reason", "message"} when there is none (needs_gpu, usage_error).
 `baseline`: 0 every task measured, 1 some failed, 2 a usage error.
 """
 
@@ -59,9 +61,12 @@ def eval_command(
     compile_baseline: opt.CompileBaseline = True,
     timing_trials: opt.TimingTrials = 100,
     gpu: int = typer.Option(0, "--gpu", help="GPU index to run on."),
+    library: opt.LibraryPath = None,
+    no_library: opt.NoLibrary = False,
 ) -> None:
-    """Judge one candidate with the hardened evaluator. Exit status: 0 passed, 1 rejected, 2 usage
-    error, 76 needs a GPU (no CUDA device here: the static checks, and the build where it can run, passed)."""
+    """Judge one candidate with the hardened evaluator (a passing one joins the kernel library). Exit
+    status: 0 passed, 1 rejected, 2 usage error, 76 needs a GPU (no CUDA device here: the static checks,
+    and the build where it can run, passed)."""
     from cutegen.evaluate.executor import device_available
     from cutegen.evaluate.pipeline import NeedsDevice, evaluate_candidate
     from cutegen.records import to_json
@@ -69,6 +74,9 @@ def eval_command(
     config = _eval_config(track=track, backend=backend, device=device, do_timing=not no_timing,
                           compile_baseline=compile_baseline, timing_trials=timing_trials, gpus=(gpu,))
     chosen = _one_task(task, select)
+    from cutegen.cli.library_cmd import open_library
+
+    store = open_library(library, no_library, device=device, gpu=gpu)  # an unusable file fails before the work
     try:
         with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
             verdict = evaluate_candidate(candidate, chosen, config, device_available=device_available(config))
@@ -77,10 +85,17 @@ def eval_command(
 
         arch = config.runtime.arch
         built = f" and the build for {arch}" if arch else " (set CUTEGEN_ARCH, e.g. sm_90a, to build here too)"
-        stderr.print(f"[yellow]needs a GPU:[/] {candidate.name} passed the static checks of backend {config.backend}"
-                     f"{built}; the rest of the evaluation needs a CUDA device: run `cutegen eval` again on a"
-                     " machine with one.", highlight=False)
+        message = (f"{candidate.name} passed the static checks of backend {config.backend}{built}; the rest of the"
+                   " evaluation needs a CUDA device: run `cutegen eval` again on a machine with one.")
+        if as_json:  # no verdict: the exit and its reason, so that a script reading stdout gets an object
+            typer.echo(json.dumps({"exit_status": EXIT_NEEDS_GPU, "reason": "needs_gpu", "message": message,
+                                   "task_id": chosen.task_id, "candidate": str(candidate)}))
+        stderr.print(f"[yellow]needs a GPU:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_NEEDS_GPU)
+    if store is not None and verdict.passed:
+        from cutegen.cli.library_cmd import add_accepted
+
+        stderr.print(add_accepted(store, chosen, candidate, verdict, "eval")[1], highlight=False, soft_wrap=True)
     if as_json:
         typer.echo(json.dumps(to_json(verdict), indent=1))
     else:
@@ -94,7 +109,7 @@ def _ms(stats: Any) -> str:
 
 
 def print_verdict(verdict: Any, console: Console) -> None:
-    """Checks by stage, errors, times against both baselines, speed of light, then the feedback."""
+    """Checks by stage, errors, times against both baselines, the work bound, then the feedback."""
     status = "[bold green]PASSED[/]" if verdict.passed else f"[bold red]REJECTED[/] ({verdict.failure})"
     console.print(f"{verdict.task_id}  candidate {verdict.candidate_sha256[:12]}  track {verdict.track}"
                   f"  backend {verdict.backend}: {status}")
@@ -129,7 +144,7 @@ def _timing_table(verdict: Any) -> Table:
                           f"{speedup:.2f}x" if speedup is not None else "")
     caption = []
     if verdict.sol_fraction is not None:
-        caption.append(f"{verdict.sol_fraction * 100:.1f}% of speed of light ({verdict.sol_bound_ms:.4g} ms)")
+        caption.append(f"{verdict.sol_fraction * 100:.1f}% of the reference algorithm's work bound ({verdict.sol_bound_ms:.4g} ms)")
     if verdict.noise_pct is not None:
         caption.append(f"baseline noise {verdict.noise_pct:.1f}%")
     table.caption = "; ".join(caption) or None

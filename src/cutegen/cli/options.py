@@ -20,7 +20,8 @@ Repairs = Annotated[int, typer.Option("--repairs", help="Repairs per failing can
 Generations = Annotated[int, typer.Option("--generations", help="Fresh starts per task while none is correct.")]
 Patience = Annotated[int, typer.Option("--patience", help="Stop a task after this many rounds without gain.")]
 Profiling = Annotated[str, typer.Option("--profiling", help="none, immediate or delayed:K.")]
-TargetSol = Annotated[float, typer.Option("--target-sol", help="Stop a task at this fraction of speed of light.")]
+TargetSol = Annotated[float, typer.Option("--target-sol", help="Stop a task once its best kernel reaches this fraction of"
+                                         " the reference algorithm's work bound and beats eager and torch.compile.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Reply limit of each model call.")]
 Concurrency = Annotated[int, typer.Option("--concurrency", help="Model calls in flight at once.")]
 Search = Annotated[str, typer.Option("--search", help="single (one kernel refined per round), best-of:N (N"
@@ -53,6 +54,17 @@ ExecutorSpec = Annotated[str, typer.Option("--executor", help="local (this machi
                                            " cluster, one GPU per evaluation; pip install cutegen[ray]).")]
 RayResource = Annotated[str, typer.Option("--ray-resource", help="With --executor ray: the resource one evaluation"
                                           " actor takes (default GPU; CPU with --device cpu).")]
+
+# ------------------------------------------------------------------------------ the kernel library
+
+LibraryPath = Annotated[Path, typer.Option("--library", help="The kernel library file (default: library.sqlite"
+                                           " in the cache folder, or CUTEGEN_LIBRARY).")]
+NoLibrary = Annotated[bool, typer.Option("--no-library", help="Use no kernel library: no examples in prompts,"
+                                         " no accepted kernel added to any library.")]
+LibraryExamples = Annotated[int, typer.Option("--library-examples", help="Verified kernels of similar tasks"
+                                              " from the library shown in each generate and optimize prompt.")]
+LibrarySameTask = Annotated[bool, typer.Option("--library-same-task", help="Also show the task's own earlier"
+                                               " kernels from the library.")]
 
 # ------------------------------------------------------------------------------ run directories
 

@@ -25,6 +25,7 @@ replaces |delta| by a wider envelope of it, still far inside what a lower-precis
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from cutegen.records import ErrorStats
@@ -228,3 +229,148 @@ def fingerprint(tensor: Any) -> str:
         index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=t.device)
         total += (chunk * (index * _FINGERPRINT_K + 1)).sum()
     return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}:{int(total) & (2**64 - 1):016x}"
+
+
+# ------------------------------------------------------------------ precision against the float64 result
+
+# The precision check of the fp32 track (`compare_precision`, `judge_precision`). Constants measured
+# by bench/precision_rule_cpu.py (bench/results/precision-rule-cpu.md): on GEMMs with K from 64 to
+# 8192 (uniform [0, 1), randn, heavy-tailed), every honest fp32 order (in k order, split-K, blocked
+# as a CPU BLAS sums, tree, exactly rounded) and 3xTF32 stayed within 0.37 of the budget below against
+# a reference summed in k order (as cuBLAS's fp32 kernels sum) or blocked; TF32 operands exceeded it
+# 1.2 to 90 times up to K = 1024 (uniform) and at every K on randn, bf16 operands 1.5 to 560 times.
+UNIT_ROUNDOFF = 2.0 ** -24  # fp32's: half an ulp of 1.0
+NORM_FACTOR = 16.0  # the candidate's error may be this many times the reference's own ...
+NORM_FLOOR = 2.0 ** -19  # ... plus this much relative L2 error (32 units of roundoff: a fast-math exp's few ulps fit)
+# A departure from the reference that holds this share of the error rounding the operands to TF32 (or
+# bf16) makes, at this significance (z-score of the correlation), is that rounding: honest fp32 orders
+# and 3xTF32 measured shares under 0.05 and |z| < 5, TF32 and bf16 operands a share of 1.0 and z > 30
+# on 4096 elements (on heavy-tailed inputs z is lower; the norm rule catches those). TF32 on uniform
+# inputs with K >= 4096, whose error is no larger than an fp32 sum's, is caught by this alone.
+SIGNATURE_SHARE = 0.25
+SIGNATURE_Z = 10.0
+# Outputs whose RMS is below 1 are judged elementwise with atol scaled by that RMS (the tolerance the
+# output would have at unit size), widened by TINY_FACTOR times the reference's own RMS error; more
+# than TINY_MAX_FRACTION of the sampled elements outside it fails.
+TINY_FACTOR = 16.0
+TINY_MAX_FRACTION = 1e-3
+
+
+@dataclass(frozen=True)
+class PrecisionStats:
+    """One output leaf of one trial against the float64 result, at the sampled elements
+    (correctness.precision_basis): relative L2 errors of the candidate and of the fp32 reference,
+    the budget the rule allows, the operand-rounding signatures and the tiny-output count."""
+
+    leaf: int
+    sampled_elements: int
+    error_rel_l2: float  # ||out - exact|| / ||exact||
+    reference_rel_l2: float  # ||ref - exact|| / ||exact||: the reference's own rounding
+    budget_rel_l2: float  # NORM_FACTOR * reference_rel_l2 + NORM_FLOOR
+    signature_share: dict[str, float]  # per format: <out - ref, sig> / <sig, sig>
+    signature_z: dict[str, float]  # per format: <out - ref, sig> / sqrt(sum (out - ref)^2 sig^2)
+    output_rms: float  # RMS of the float64 result
+    tiny_atol: float | None  # atol scaled to the output's RMS, where that RMS is below 1
+    tiny_failed_elements: int = 0
+
+
+def compare_precision(outputs: Any, ref_outputs: Any, basis: Any, atol: float, rtol: float) -> list[PrecisionStats]:
+    """Measure each output leaf against its float64 basis (a list of correctness.LeafBasis): the
+    candidate's and the reference's distance from the float64 result, how much of the error that
+    TF32 or bf16 operands make is in the candidate's departure from the reference, and, for an output
+    smaller than 1, the elements outside the tolerance scaled to its size. `judge_precision` applies
+    the rule.
+    Non-finite elements are left to check_nonfinite and compare_outputs."""
+    stats = []
+    for k, (out, ref, leaf) in enumerate(zip(flatten_outputs(outputs), flatten_outputs(ref_outputs), basis)):
+        stats.append(_leaf_precision(k, _leaf(out), _leaf(ref), leaf, atol, rtol))
+    return stats
+
+
+def _at(tensor: torch.Tensor, leaf: Any) -> torch.Tensor:
+    """The sampled elements of a leaf, in float64 on the basis's device."""
+    import torch
+
+    flat = tensor.reshape(-1)
+    if leaf.index is not None:
+        flat = flat[leaf.index.to(flat.device)]
+    return flat.to(leaf.exact.device, torch.float64)
+
+
+def _leaf_precision(k: int, out: torch.Tensor, ref: torch.Tensor, leaf: Any, atol: float,
+                    rtol: float) -> PrecisionStats:
+    import torch
+
+    exact, o, r = leaf.exact, _at(out, leaf), _at(ref, leaf)
+    finite = torch.isfinite(exact) & torch.isfinite(o) & torch.isfinite(r)
+    count = max(int(finite.sum()), 1)
+    err, ref_err = torch.where(finite, o - exact, 0.0), torch.where(finite, r - exact, 0.0)
+    scale = float(torch.where(finite, exact, 0.0).norm())
+    error, reference = float(err.norm()), float(ref_err.norm())
+    # The departure from the reference, not the error: where the reference's own error already
+    # follows a format's rounding (a task that rounds its operands on purpose), a candidate that
+    # computes as it does is not held to it.
+    departure, shares, zs = err - ref_err, {}, {}
+    for name, sig in leaf.signatures.items():
+        sig = torch.where(finite & torch.isfinite(sig), sig, 0.0)
+        along, norm2 = float(departure @ sig), float(sig @ sig)
+        spread = math.sqrt(float((departure * departure) @ (sig * sig)))
+        shares[name] = along / norm2 if norm2 > 0 else 0.0
+        zs[name] = along / spread if spread > 0 else 0.0
+    rms = scale / math.sqrt(count)
+    tiny_atol, failed = None, 0
+    if 0 < rms < 1:
+        tiny_atol = atol * rms
+        allowed = tiny_atol + rtol * exact.abs() + TINY_FACTOR * reference / math.sqrt(count)
+        failed = int((finite & (err.abs() > allowed)).sum())
+    relative = (lambda x: x / scale) if scale > 0 else (lambda x: 0.0 if x == 0 else math.inf)
+    return PrecisionStats(k, int(exact.numel()), relative(error), relative(reference),
+                          NORM_FACTOR * relative(reference) + NORM_FLOOR, shares, zs, rms, tiny_atol, failed)
+
+
+def judge_precision(stats: Any) -> str | None:
+    """Why the candidate fails the fp32 track's precision rule (EVALUATION.md, "Correctness"), or
+    None. The exploit: arithmetic below fp32 (TF32 or bf16 operands, a bf16 accumulator), coarse
+    approximations (a polynomial exp or erf) and estimates from part of the data (a softmax
+    normalised by a sample of its row), whose error hides under atol + rtol * |ref|. The rule, per
+    output leaf and trial, against the float64 result:
+    - norm: the candidate's relative L2 error is at most NORM_FACTOR times the fp32 reference's own
+      plus NORM_FLOOR;
+    - signature: its departure from the reference holds less than SIGNATURE_SHARE of the error that
+      TF32 or bf16 operands make (or not significantly: z < SIGNATURE_Z). This catches such operands
+      where their error is no larger than an fp32 sum's (uniform inputs, K in the thousands), which
+      the norm cannot;
+    - tiny outputs: where the output's RMS is below 1, at most TINY_MAX_FRACTION of its elements lie
+      outside atol * RMS + rtol * |exact| (plus TINY_FACTOR times the reference's RMS error).
+    The message names the rule that failed and the measured ratio to the reference's error."""
+    for s in (s if isinstance(s, PrecisionStats) else PrecisionStats(**s) for s in stats):
+        reasons = _precision_failures(s)
+        if reasons:
+            ratio = s.error_rel_l2 / s.reference_rel_l2 if s.reference_rel_l2 > 0 else math.inf
+            return (f"output[{s.leaf}]'s relative L2 error from the float64 result is {s.error_rel_l2:.3g},"
+                    f" {ratio:.3g} times the fp32 reference's own ({s.reference_rel_l2:.3g}). " + " ".join(reasons)
+                    + " The fp32 track asks for fp32-accurate results even where atol + rtol * |ref| would accept"
+                    " others: no TF32, fp16 or bf16 operands or accumulators (3xTF32 split products are fp32-accurate),"
+                    " no approximation of exp, erf or tanh coarser than a few ulps, no estimate from part of the data.")
+    return None
+
+
+_FORMATS = {"tf32": "TF32 (10-bit mantissa, as fp16 has)", "bf16": "bfloat16 (7-bit mantissa)"}
+
+
+def _precision_failures(s: PrecisionStats) -> list[str]:
+    """The parts of the rule that `s` fails, each as a sentence with its numbers."""
+    reasons = []
+    if s.error_rel_l2 > s.budget_rel_l2:
+        reasons.append(f"Norm rule: at most {NORM_FACTOR:g} times the reference's error plus {NORM_FLOOR:.2g}"
+                       f" ({s.budget_rel_l2:.3g}).")
+    for name, share in s.signature_share.items():
+        if share >= SIGNATURE_SHARE and s.signature_z[name] >= SIGNATURE_Z:
+            reasons.append(f"Signature rule: its departure from the reference holds {share:.0%} of the error that"
+                           f" rounding the operands to {_FORMATS[name]} makes (z = {s.signature_z[name]:.0f}); at most"
+                           f" {SIGNATURE_SHARE:.0%} is allowed (or z < {SIGNATURE_Z:g}).")
+    if s.tiny_atol is not None and s.tiny_failed_elements > TINY_MAX_FRACTION * s.sampled_elements:
+        reasons.append(f"Small-output rule (RMS {s.output_rms:.3g}, below 1): {s.tiny_failed_elements} of"
+                       f" {s.sampled_elements} elements are farther from the float64 result than atol scaled to"
+                       f" that RMS ({s.tiny_atol:.3g}) + rtol * |exact|; at most {TINY_MAX_FRACTION:g} of them may be.")
+    return reasons

@@ -278,6 +278,132 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
     return (deltas[0] if isinstance(reference, torch.Tensor) else deltas), None
 
 
+# ------------------------------------------------------- the float64 basis of the precision check
+
+# Operand formats whose rounding the precision check looks for in a candidate's error, as the number
+# of low fp32 mantissa bits each clears: TF32 (10-bit mantissa, which fp16 shares) and bfloat16 (7).
+SIGNATURE_FORMATS = {"tf32": 13, "bf16": 16}
+# Elements of an output leaf the precision check compares (a sample drawn where the candidate cannot
+# see it; every element of a smaller leaf): norms and correlations over a million elements are as
+# good as over all of them, and a trial's basis stays a few tens of MB for outputs of any size.
+PRECISION_SAMPLE = 1 << 20
+
+
+def round_mantissa(x: Any, dropped_bits: int) -> Any:
+    """float32 `x` rounded to nearest (ties away from zero) with its `dropped_bits` low mantissa bits
+    cleared: 13 gives TF32 (what cvt.rna.tf32 or a TF32 tensor core fed rounded operands computes
+    with), 16 gives bfloat16's mantissa. Infinities and NaN are kept."""
+    import torch
+
+    bits = x.detach().contiguous().view(torch.int32)
+    rounded = ((bits + (1 << (dropped_bits - 1))) & ~((1 << dropped_bits) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), rounded, x)
+
+
+@dataclass
+class LeafBasis:
+    """What the precision check needs of one output leaf, at its sampled elements."""
+
+    index: Any  # flat indices of the sampled elements (int64, on the exact result's device), or None: all
+    exact: Any  # the float64 result there
+    signatures: dict[str, Any]  # per SIGNATURE_FORMATS name: the float64 result on operands rounded to
+    # that format, minus `exact`, there: the error a candidate computing with such operands makes
+
+
+def _rounded_copy(model64: Any, dropped_bits: int) -> Any:
+    """A copy of the float64 model whose floating parameters are rounded as `round_mantissa` rounds
+    (they hold float32 values: the reference's weights, cast)."""
+    import torch
+
+    rounded = copy.deepcopy(model64)
+    with torch.no_grad():
+        for param in rounded.parameters():
+            if param.is_floating_point():
+                param.copy_(round_mantissa(param.float(), dropped_bits).double())
+    return rounded
+
+
+def _float64_leaves(model64: Any, trial_inputs: list[Any], device: Any, dropped_bits: int | None = None) -> list[Any]:
+    """The leaves of `model64`'s result on the trial's inputs in float64 (rounded first as
+    `round_mantissa` rounds, with `dropped_bits`), with its parameters rounded alike."""
+    import torch
+
+    from cutegen.evaluate.compare import flatten_outputs
+
+    def operand(t: Any) -> Any:
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+            return to_device(t, device)
+        t = t.detach().to(device)
+        return (t if dropped_bits is None else round_mantissa(t.float(), dropped_bits)).double()
+
+    model = model64 if dropped_bits is None else _rounded_copy(model64, dropped_bits)
+    with torch.no_grad():
+        return flatten_outputs(model(*[operand(t) for t in trial_inputs]))
+
+
+def _sampled(ref: Any, exact: Any, seed: int) -> LeafBasis | None:
+    """The float64 result of one leaf at up to PRECISION_SAMPLE elements drawn from `seed` (all of a
+    smaller leaf), or None where it differs from the reference beyond EXACT_AGREEMENT there."""
+    import torch
+
+    index = None
+    if exact.numel() > PRECISION_SAMPLE:
+        gen = torch.Generator(device=exact.device).manual_seed(seed)
+        index = torch.randint(exact.numel(), (PRECISION_SAMPLE,), generator=gen, device=exact.device).sort().values
+    sample = exact.reshape(-1) if index is None else exact.reshape(-1)[index]
+    rounded = ref.detach().reshape(-1) if index is None else ref.detach().reshape(-1)[index.to(ref.device)]
+    rounded = rounded.to(sample.device, torch.float64)
+    finite = torch.isfinite(sample) & torch.isfinite(rounded)
+    if float(torch.where(finite, sample - rounded, 0.0).norm()) > EXACT_AGREEMENT * float(
+            torch.where(finite, sample, 0.0).norm()):
+        return None
+    return LeafBasis(index, sample.clone(), {})
+
+
+def precision_basis(model64: Any, trial_inputs: list[Any], reference: Any, device: Any,
+                    seed: int) -> tuple[list[LeafBasis] | None, str | None]:
+    """(per output leaf, the float64 result and the operand-rounding signatures at up to
+    PRECISION_SAMPLE elements drawn from `seed`, or None; why not, or None). Made once per trial by
+    the reference process; `compare.compare_precision` judges a candidate's outputs with it. As for
+    `exact_delta`, no basis when a leaf is not a floating tensor of the reference's shape, when the
+    float64 result disagrees with the reference beyond EXACT_AGREEMENT (random or dtype-specific
+    forward), or when an op has no float64 version."""
+    import torch
+
+    from cutegen.evaluate.compare import flatten_outputs
+
+    if model64 is None or reference is None:
+        return None, "no float64 copy of the reference model"
+    refs = flatten_outputs(reference)
+    try:
+        exacts = _float64_leaves(model64, trial_inputs, device)
+    except torch.cuda.OutOfMemoryError:
+        raise  # the reference process decides whether to try again later
+    except Exception as err:  # noqa: BLE001 - an op without float64 support: the plain rule applies
+        return None, f"float64 reference failed: {type(err).__name__}"
+    if len(exacts) != len(refs) or not all(
+            isinstance(r, torch.Tensor) and isinstance(e, torch.Tensor) and r.is_floating_point()
+            and e.is_floating_point() and e.shape == r.shape for r, e in zip(refs, exacts)):
+        return None, "the float64 result does not match the reference's structure"
+    bases = [_sampled(ref, exact, seed + k) for k, (ref, exact) in enumerate(zip(refs, exacts))]
+    if any(basis is None for basis in bases):
+        return None, "the float64 result disagrees with the reference (random or dtype-specific forward)"
+    del exacts
+    for name, bits in SIGNATURE_FORMATS.items():
+        try:
+            leaves = _float64_leaves(model64, trial_inputs, device, bits)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - a forward that refuses rounded operands: no signature of them
+            continue
+        for basis, leaf, ref in zip(bases, leaves, refs):
+            if isinstance(leaf, torch.Tensor) and leaf.shape == ref.shape:
+                flat = leaf.reshape(-1) if basis.index is None else leaf.reshape(-1)[basis.index]
+                basis.signatures[name] = flat.to(basis.exact.device, torch.float64) - basis.exact
+        del leaves
+    return bases, None
+
+
 # The reference's rounding drawn again (`rounding_slack`). One float64 delta is one sample of the
 # reference's rounding error at each element; a candidate that sums in another order makes errors of
 # the same size at other elements, and where a sum cancels (a GEMM element near 0 on heavy-tailed
@@ -534,11 +660,49 @@ def judge_trials(trials: Sequence[dict[str, Any]]) -> tuple[list[CheckResult], s
         if stats.mismatched_elements or not math.isfinite(stats.max_abs_error):
             message = mismatch_feedback(entry, stats, count)
             return [CheckResult("compare_outputs", "correctness", False, message)], "compare_outputs", message
+        check = judge_precision_entry(entry.get("precision"), where)
+        if not check.passed:
+            return [check], check.name, check.detail
     run = [e for e in trials if not e.get("skipped")]
-    checks = [CheckResult("compare_outputs", "correctness", True, f"{len(run)} trials within tolerance")]
+    checks = [CheckResult("compare_outputs", "correctness", True, f"{len(run)} trials within tolerance"),
+              precision_summary(run)]
     checks += [CheckResult("adversarial_inputs", "correctness", True, str(e.get("skipped") or e.get("note")))
                for e in trials if e["adversarial"] and (e.get("skipped") or e.get("note"))]
     return checks, None, None
+
+
+def judge_precision_entry(precision: Any, where: str) -> CheckResult:
+    """The precision rule (compare.judge_precision) on one compared output: a trial's or a verified
+    timed call's (`where` says which); passed when it was not measured."""
+    from cutegen.evaluate.compare import judge_precision
+
+    reason = judge_precision(precision or [])
+    if reason is None:
+        return CheckResult("compare_precision", "correctness", True, "")
+    return CheckResult("compare_precision", "correctness", False,
+                       f"Not fp32-accurate ({where}): {reason}")
+
+
+def precision_summary(entries: Sequence[dict[str, Any]]) -> CheckResult:
+    """The passed precision check's detail over the trials: the worst error as a share of what the
+    rule allows, the largest TF32/bf16 signature share, or why the rule did not apply."""
+    from cutegen.evaluate.compare import PrecisionStats
+
+    judged = [PrecisionStats(**s) if isinstance(s, dict) else s for e in entries for s in (e.get("precision") or [])]
+    equal = sum(1 for e in entries if e.get("precision") == [])
+    notes = sorted({e["precision_note"] for e in entries if e.get("precision") is None and e.get("precision_note")})
+    if not judged:
+        detail = (f"not applied: {'; '.join(notes)}" if notes else
+                  f"outputs equal to the reference's in {equal} trials" if equal else "not measured")
+        return CheckResult("compare_precision", "correctness", True, detail)
+    worst = max(judged, key=lambda s: s.error_rel_l2 / s.budget_rel_l2)
+    share = max((v for s in judged for v in s.signature_share.values()), default=0.0)
+    detail = (f"relative L2 error from the float64 result at most {worst.error_rel_l2:.3g} (the fp32 reference's"
+              f" {worst.reference_rel_l2:.3g}; allowed {worst.budget_rel_l2:.3g}), largest TF32/bf16 rounding"
+              f" share {share:.2g}, over {len(judged)} outputs"
+              + (f"; {equal} trials equal to the reference" if equal else "")
+              + (f"; not applied: {'; '.join(notes)}" if notes else ""))
+    return CheckResult("compare_precision", "correctness", True, detail)
 
 
 def judge_determinism(data: dict[str, Any]) -> CheckResult:

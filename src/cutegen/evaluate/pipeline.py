@@ -385,6 +385,11 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
       computed once per trial when first needed) is consulted: an element passes when it is no
       farther from that result than the reference itself is, plus the tolerance; such elements are
       counted (`within_reference_error`).
+    - Precision (fp32 track, float32 tasks): each output is also judged against the trial's float64
+      result, made with the reference before any candidate runs (`correctness.precision_basis`), by
+      `compare.judge_precision`: its relative L2 error may be at most 16 times the fp32 reference's
+      own plus 2^-19, it must not follow the rounding of the operands to TF32 or bf16, and outputs
+      smaller than 1 are judged elementwise with atol scaled to their size (`compare_precision`).
     - The trials run in order and stop at the first that fails (its feedback is the verdict's).
     - Determinism: the first trial again, twice, with churn before each call; the two outputs must
       agree within a tenth of the tolerance (bitwise equality is reported too).

@@ -168,6 +168,9 @@ def classify_error(err: BaseException, message: str) -> str:
 
     if type(err).__name__ == "GuardRefused" or "refused by the judge's guard" in message:
         return "guard_refused"
+    if isinstance(err, PermissionError) and err.filename and \
+            not os.path.abspath(os.fsdecode(err.filename)).startswith(os.getcwd() + os.sep):
+        return "write_outside_scratch"  # refused by the process's confinement (confine.py)
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return "out_of_memory"
     if isinstance(err, BuildError) or "Error building extension" in message:

@@ -21,6 +21,7 @@ Every command replies with measurements; the parent decides the verdict.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -74,6 +75,9 @@ class ReferenceSession:
         self.deltas: dict[int, Any] = {}
         self.delta_notes: dict[int, str | None] = {}
         self.models64: dict[int, Any] = {}
+        self.bases: dict[int, Any] = {}  # trial index -> correctness.precision_basis, made once
+        self.basis_notes: dict[int, str | None] = {}
+        self.dtype = "float32"  # the dtype whose tolerance applies (correctness.lowest_precision)
         self.ghost_masks: dict[int, Any] = {}
         self.timing_indices: list[int] = []
         self.compiled: tuple[Any, str | None] | None = None
@@ -130,6 +134,7 @@ class ReferenceSession:
         # (trial 0's feed the ghost probe, the timing sets' the baselines), so that a task with
         # gigabyte inputs holds every trial's outputs but only the inputs it keeps.
         self.trials, self.timing_indices, described, degenerate = [], [], [], None
+        self.bases, self.basis_notes = {}, {}
         clean_finite = True
         for index, plan in enumerate(job["trials"]):
             trial = c.reference_trial(self.module, self.models[plan["weight"]], plan, self.device, clean_finite,
@@ -143,7 +148,10 @@ class ReferenceSession:
                 self.leaves = [{"dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)} for x in leaves]
                 dtype = c.lowest_precision(c.tensors_of(first.inputs) + c.tensors_of(first.reference))
                 self.atol, self.rtol = job["tolerances"][dtype]
+                self.dtype = dtype
             described.append(self._describe(index, trial))
+            if trial.reference is not None and self.precision_rule() is None:
+                self._basis(index, ahead=True)
             if trial.adversarial or trial.reference is None:
                 if index != 0:
                     trial.inputs = None
@@ -231,11 +239,67 @@ class ReferenceSession:
                 stats = compare_outputs(outs, refs, self.atol, self.rtol, delta, slack)
             mismatches = (list(first_mismatches(outs, refs, self.atol, self.rtol, ref_delta=delta, ref_slack=slack))
                           if stats.mismatched_elements else [])
+            precision, precision_note = self._precision(index, outs, refs, stats)
         slack_used = slack is not None
         del slack  # as large as the output: made again for the next candidate that needs it
         return to_json({"findings": findings, "errors": stats, "first_mismatches": mismatches,
                         "exact_note": self.delta_notes.get(index), "exact_used": delta is not None,
-                        "slack_used": slack_used, "memory_bytes": self.memory_bytes()})
+                        "slack_used": slack_used, "precision": precision, "precision_note": precision_note,
+                        "memory_bytes": self.memory_bytes()})
+
+    def precision_rule(self) -> str | None:
+        """Why the fp32 track's precision rule (compare.judge_precision) does not judge this task's
+        candidates, or None when it does: the tf32 track keeps its own tolerance, half-precision
+        tasks their dtype's, and outputs other than float32 have no fp32 reference error to compare."""
+        if self.job["track"] != "fp32":
+            return f"the {self.job['track']} track keeps its tolerance (atol = rtol = {self.atol:g})"
+        if self.dtype != "float32":
+            return f"{self.dtype} tensors keep their dtype's tolerance (atol = rtol = {self.atol:g})"
+        if any(leaf["dtype"] != "float32" for leaf in self.leaves):
+            return "outputs other than float32"
+        if not self.job.get("exact", True):
+            return "no float64 results in this job"
+        return None
+
+    def _precision(self, index: int, outs: Any, refs: list[Any], stats: Any) -> tuple[Any, str | None]:
+        """(per output leaf, compare.compare_precision of the candidate's outputs, or None; why not).
+        An output equal to the reference everywhere is as precise as it: [] without a float64 run."""
+        from cutegen.evaluate.compare import compare_precision
+
+        why = self.precision_rule()
+        if why is not None or stats.max_abs_error == math.inf:
+            return None, why
+        if stats.max_abs_error == 0:
+            return [], None
+        basis = self._basis(index)
+        if basis is None:
+            return None, self.basis_notes.get(index)
+        return compare_precision(outs, refs, basis, self.atol, self.rtol), None
+
+    def _basis(self, index: int, ahead: bool = False) -> Any:
+        """The trial's float64 basis for the precision rule (correctness.precision_basis), made once,
+        on a sample drawn from a seed no candidate sees. Made `ahead` for each correctness trial while
+        the reference is computed, before any candidate runs: a candidate that holds the device's
+        memory cannot then deny the rule its float64 results. Running out of memory there is not
+        kept: the comparison tries again."""
+        import torch
+
+        from cutegen.evaluate.correctness import exact_model, precision_basis, unpredictable_seed
+
+        if index not in self.basis_notes:
+            trial = self.trials[index]
+            if trial.weight not in self.models64:
+                self.models64[trial.weight] = exact_model(self.models[trial.weight])
+            try:
+                basis, note = precision_basis(self.models64[trial.weight], self._inputs(index), trial.reference,
+                                              self.device, unpredictable_seed())
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if ahead:
+                    return None
+                basis, note = None, "no device memory left for the float64 result"
+            self.bases[index], self.basis_notes[index] = basis, note
+        return self.bases[index]
 
     def compare_fresh(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's outputs (chosen by the parent after the call ran) against the reference run
@@ -253,6 +317,8 @@ class ReferenceSession:
             self.trials.pop()
             self.deltas.pop(index, None)
             self.delta_notes.pop(index, None)
+            self.bases.pop(index, None)
+            self.basis_notes.pop(index, None)
             # Back to the driver: the candidate's later batches need the room, and what a block may
             # still hold (this call's reference output) answers inputs that no later call gets.
             self._empty_cache()

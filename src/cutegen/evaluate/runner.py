@@ -15,11 +15,13 @@ taken before the candidate's import; the parent decides.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cutegen.evaluate.confine import confine
 from cutegen.evaluate.guard import install as guard_install
 from cutegen.records import to_json
 
@@ -349,6 +351,16 @@ def _null_forward(spec: Any, device: Any) -> Any:
     return lambda *inputs: make(spec)
 
 
+def _build_folders(runtime: Any) -> list[Path]:
+    """Where compiling the candidate's kernels writes: the build cache, torch's extension folder
+    (load_inline), and the JIT caches of Triton and inductor (torch-backend candidates)."""
+    home = Path.home()
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(home / ".cache" / "torch_extensions")
+    return [Path(runtime.cache_dir).expanduser(), Path(extensions), home / ".triton", home / ".cache" / "torch",
+            Path(f"/tmp/torchinductor_{user}")]
+
+
 def import_and_build(source: str, runtime: Any, guard: bool = True,
                      readers: list[Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """Import the candidate from a file in the working directory and build each of its CuTe kernels.
@@ -356,17 +368,19 @@ def import_and_build(source: str, runtime: Any, guard: bool = True,
     A KernelBench-style candidate that calls `load_inline` at import builds during the import; the
     parent's build timeout covers both. With `guard`, the judge's audit hook (guard.py) is installed
     first, and the reader of its refusals is appended to `readers` (a list the caller made before any
-    candidate code ran, and holds where that code cannot reach it).
+    candidate code ran, and holds where that code cannot reach it); then the process is confined to
+    writing in its working directory and the build folders (confine.py, where the kernel has Landlock).
     """
     from cutegen.evaluate.context import CANDIDATE_FILE
     from cutegen.runtime import find_kernels
 
     path = Path.cwd() / CANDIDATE_FILE
     path.write_text(source, encoding="utf-8")
-    if guard and readers is not None:
-        readers.append(guard_install(str(path), Path.cwd()))
-    elif guard:
-        guard_install(str(path), Path.cwd())  # a build worker: a refusal raises, and the build reports it
+    if guard:
+        reader = guard_install(str(path), Path.cwd())  # in a build worker a refusal raises, and the build reports it
+        if readers is not None:
+            readers.append(reader)
+    confine(Path.cwd(), _build_folders(runtime))  # the kernel's own limit holds with or without the hook
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[CANDIDATE_MODULE] = module

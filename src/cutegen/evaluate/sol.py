@@ -10,12 +10,16 @@ half-precision peak in both tracks. Memory bandwidth and the half-precision peak
 device (a large copy or read, whichever is faster; an 8192^3 bf16 matmul), fp32 and TF32 come from
 the datasheet when the device is known, measured otherwise.
 
-The bound from measured peaks (`sol_bound_ms`, and the fraction of it in every timing result) is
-what a very good kernel reaches, not a limit: on an H200, torch.compile's MSELoss and HuberLoss
-reductions (KernelBench level1/94, 96) read 7.8% faster than the best of the 1 GiB copy and sum
-(4184 GB/s). A time is therefore rejected only past the hardware's bound (`physical_peaks`: the
-larger of the measured and the datasheet rate of each peak, 4800 GB/s there), by more than the
-configured slack.
+Two bounds come out of the same formula. The reference algorithm's work bound (`work_bound_ms`, and
+`sol_fraction` in every verdict, report and log line) takes the hardware's peaks (`physical_peaks`:
+the larger of the measured and the datasheet rate of each peak), so no honest kernel that does the
+reference's work reaches more than 100% of it; a task's stated structure can need less work than its
+reference (level1/14's triangular products), which the judge treats as evidence to verify, not as a
+verdict. The achievable bound (`sol_bound_ms` at the measured peaks) is what a very good kernel
+reaches, not a limit: on an H200, torch.compile's MSELoss and HuberLoss reductions (KernelBench
+level1/94, 96) read 7.8% faster than the best of the 1 GiB copy and sum (4184 GB/s), while the
+hardware's 4800 GB/s keeps them under the work bound. It may be shown beside the work bound, under
+its own name, never as "speed of light".
 """
 
 from __future__ import annotations
@@ -73,6 +77,13 @@ def sol_bound_ms(trace: TaskTrace, peaks: Peaks, track: str, half: bool) -> floa
     compute_s = trace.flops / (compute_peak_tflops(peaks, track, half) * 1e12)
     memory_s = trace.min_bytes / (peaks.bandwidth_gb_s * 1e9)
     return max(compute_s, memory_s) * 1e3
+
+
+def work_bound_ms(trace: TaskTrace, peaks: Peaks, track: str, half: bool) -> float | None:
+    """The reference algorithm's work bound: `sol_bound_ms` at the hardware's peaks (`physical_peaks`),
+    the bound every fraction the product prints is of. Measured peaks alone would let an honest
+    torch.compile reduction read above 100% (the module docstring)."""
+    return sol_bound_ms(trace, physical_peaks(peaks), track, half)
 
 
 # ------------------------------------------------------------------------- measuring (in a worker)

@@ -105,6 +105,9 @@ def error_failure(error: dict[str, Any], stage: str) -> tuple[str, str]:
         return "guard_refused", (f"The judge's guard refused an operation{where} ({message}): candidate code may not"
                                  " read frames or the heap, trace, use ctypes, start processes, replace code or"
                                  " write outside its working directory.")
+    if kind == "write_outside_scratch":
+        return "write_outside_scratch", (f"A write outside the candidate's working directory was refused{where}"
+                                         f" ({message}): write only in the working directory or its temporary folder.")
     if kind == "out_of_memory":
         return "out_of_memory", f"Out of memory during {stage}{where}: {message}"
     if kind in ("illegal_memory_access", "cuda_error"):

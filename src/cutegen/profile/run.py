@@ -292,15 +292,16 @@ def demangle(symbols: list[str]) -> dict[str, str]:
 
 
 def sol_bound_s(trace: Any, eval_config: EvalConfig, meta: dict[str, Any]) -> float | None:
-    """The task's speed-of-light bound (evaluate/sol.py) with the evaluator's peaks for this device:
-    measured and cached by an evaluation, else the datasheet's; None for an unknown device."""
-    from cutegen.evaluate.sol import datasheet_peaks, load_peaks, peaks_path, sol_bound_ms
+    """The reference algorithm's work bound (evaluate/sol.py: work_bound_ms) with the evaluator's peaks
+    for this device, measured and cached by an evaluation, else the datasheet's, each raised to the
+    hardware's (the bound the verdict's fraction is of); None for an unknown device."""
+    from cutegen.evaluate.sol import datasheet_peaks, load_peaks, peaks_path, work_bound_ms
 
     name = meta.get("device_name") or ""
     peaks = load_peaks(peaks_path(eval_config.cache_dir, name, meta.get("torch_version", ""))) or datasheet_peaks(name)
     if peaks is None:
         return None
-    bound = sol_bound_ms(trace, peaks, eval_config.track, meta.get("dtype") in ("float16", "bfloat16"))
+    bound = work_bound_ms(trace, peaks, eval_config.track, meta.get("dtype") in ("float16", "bfloat16"))
     return bound * 1e-3 if bound is not None else None
 
 

@@ -11,6 +11,7 @@ Importing this package imports neither torch nor any compiler.
 """
 
 from cutegen.runtime.build import (
+    build_key,
     build_library,
     cache_key,
     detect_arch,
@@ -28,6 +29,7 @@ __all__ = [
     "CuteKernel",
     "KernelError",
     "Launcher",
+    "build_key",
     "build_library",
     "cache_key",
     "current_config",

@@ -6,7 +6,11 @@ has `extern "C"` launchers only, links the CUDA runtime statically (so it depend
 libc/libstdc++ and loads on a machine without a GPU), and is called through ctypes (see launch.py).
 
 Cache protocol: the key is sha256 of (full source, nvcc flags, arch, `nvcc --version` output, an id
-of the CUTLASS headers). An entry is the folder `<cache_dir>/<key[:2]>/<key>/` holding kernel.cu,
+of the CUTLASS headers), all content (`build_key`): the flags are those of `nvcc_flags` without the
+include folder, whose absolute path differs between virtual environments, machines and cluster
+nodes, and the headers enter through the hash of their cutlass/version.h instead. So a build made
+on a machine without a GPU (`cutegen prebuild`) is found by a GPU machine that installed the same
+toolkit and headers anywhere else, given the same cache folder (copied or shared). An entry is the folder `<cache_dir>/<key[:2]>/<key>/` holding kernel.cu,
 build.log, build.json and kernel.so; kernel.so is moved in last with an atomic os.replace, so its
 presence means the entry is complete and a reader needs no lock. A builder takes an fcntl lock on
 `<key>.lock` first and looks again after getting it, so when several processes build the same key at
@@ -50,12 +54,14 @@ _LOG_HEAD_BYTES = 256 * 1024  # plenty for the first errors; template spew beyon
 _LOG_TAIL_CHARS = 4000
 
 __all__ = [
+    "build_key",
     "build_library",
     "cache_key",
     "detect_arch",
     "distill_errors",
     "find_cutlass_include",
     "find_nvcc",
+    "headers_id",
     "normalize_arch",
     "nvcc_flags",
     "nvcc_release",
@@ -147,8 +153,9 @@ def find_cutlass_include(config: RuntimeConfig) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _headers_id(include: Path) -> str:
-    """Identifies the CUTLASS release behind `include`, so upgrading the headers in place rebuilds."""
+def headers_id(include: Path) -> str:
+    """Identifies the CUTLASS release behind `include` by content (the hash of its cutlass/version.h,
+    wherever it is installed), so upgrading the headers in place rebuilds."""
     version_h = include / "cutlass" / "version.h"
     return hashlib.sha256(version_h.read_bytes()).hexdigest()[:16] if version_h.is_file() else "unknown"
 
@@ -222,6 +229,15 @@ def cache_key(source: str, flags: Sequence[str], arch: str, nvcc_version_output:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+def build_key(source: str, arch: str, nvcc_version_output: str, headers: str, extra: Sequence[str] = ()) -> str:
+    """The cache key of a build of the candidate's `source` (the runtime's footer is added here): its
+    content, the flags without the include folder, the arch, the toolkit and the headers' id. No path
+    of this machine enters it, so another machine's or virtual environment's build is found (the
+    module docstring). `extra` flags enter as given."""
+    arch = normalize_arch(arch)
+    return cache_key(runtime_source(source), nvcc_flags(arch, None, extra), arch, nvcc_version_output, headers)
+
+
 def _cached(entry: Path, key: str, arch: str, version: str) -> BuildResult | None:
     library = entry / LIBRARY_NAME
     if not library.is_file():
@@ -254,7 +270,7 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     version = nvcc_version(nvcc)
     flags = nvcc_flags(arch, include, config.extra_flags)
     full_source = runtime_source(source)
-    key = cache_key(full_source, flags, arch, version, _headers_id(include))
+    key = build_key(source, arch, version, headers_id(include), config.extra_flags)
     cache_dir = Path(config.cache_dir).expanduser()
     entry = cache_dir / key[:2] / key
     hit = _cached(entry, key, arch, version)
