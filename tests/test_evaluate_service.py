@@ -73,9 +73,15 @@ def test_a_tasks_reference_is_prepared_while_its_first_candidate_builds_and_reus
 def test_the_candidates_worker_holds_no_reference_output(tmp_path):
     """A candidate that returns the first tensor of the output's shape it finds on the Python heap
     (other than its input) got the reference's result when reference outputs lived in its process;
-    now it finds only its own tensors and fails the comparison (fixture 40_heap_reference)."""
+    now it finds only its own tensors and fails the comparison (fixture 40_heap_reference). The
+    worker's audit hook refuses the heap walk first; judged with the hook off, this shows the layer
+    behind it."""
+    from dataclasses import replace
+
     path = REPO / "tests" / "fixtures" / "cheats" / "40_heap_reference.py"
-    verdict = evaluate_candidate(path, load_task(TASKS / "swish_scale.py"), config(tmp_path))
+    guarded = evaluate_candidate(path, load_task(TASKS / "swish_scale.py"), config(tmp_path))
+    assert guarded.failure == "guard_refused", guarded.feedback
+    verdict = evaluate_candidate(path, load_task(TASKS / "swish_scale.py"), replace(config(tmp_path), guard=False))
     assert verdict.failure == "compare_outputs", verdict.feedback
     assert verdict.errors.mismatched_elements > 0
 

@@ -88,10 +88,14 @@ def install(candidate_file: str | Path, scratch: str | Path) -> Callable[[], lis
         innermost = frame.f_code.co_filename if frame is not None else None
         while frame is not None:
             name = frame.f_code.co_filename
-            if not name.startswith("<") and not name.startswith(stdlib):
+            if not name.startswith("<") and not _is_stdlib(name):
                 return innermost, name
             frame = frame.f_back
         return innermost, None
+
+    def _is_stdlib(name: str) -> bool:
+        # An interpreter's own site-packages lies under its stdlib folder: packages there are not stdlib.
+        return name.startswith(stdlib) and "-packages" + os.sep not in name
 
     def refused(event: str, args: tuple) -> str | None:
         if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES):
@@ -115,7 +119,7 @@ def install(candidate_file: str | Path, scratch: str | Path) -> Callable[[], lis
         innermost, who = asker(getframe(2))
         if who != candidate:
             return None
-        if kind == "frame access" and innermost is not None and innermost.startswith(stdlib) and \
+        if kind == "frame access" and innermost is not None and _is_stdlib(innermost) and \
                 any(part in innermost for part in internal):
             return None  # a namedtuple, a warning, a typing construct: frames used inside, not handed out
         return f"{event}: {kind}"

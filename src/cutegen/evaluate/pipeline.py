@@ -231,7 +231,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
     for wait_s in BUSY_WAITS_S[:config.busy_retries]:
         if run.failure not in BUSY_FAILURES or config.device != "cuda":
             return run
-        foreign = foreign_gpu_use(lane.gpu, run.feedback)
+        foreign = foreign_gpu_use(getattr(lane, "gpu", None), run.feedback)
         if not foreign:
             return run
         time.sleep(wait_s)
@@ -241,7 +241,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
                               f" GPU; evaluated again after {wait_s:g} s"))
         run = _memory_attempts(again, source, task, config, lane)
     if run.failure in BUSY_FAILURES and config.device == "cuda":
-        foreign = foreign_gpu_use(lane.gpu, run.feedback)
+        foreign = foreign_gpu_use(getattr(lane, "gpu", None), run.feedback)
         if foreign:
             run.set(infrastructure=True)
             run.add(CheckResult("gpu_busy", run.stage, False, f"{run.failure} in every attempt while {describe(foreign)}"
@@ -506,15 +506,17 @@ def _seeds(count: int) -> list[int]:
 def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, Any]:
     """Before the candidate's import: the timing loop's own cost per call on the parent's clock
     (clock.py), and the cost of exporting one retained output."""
-    from cutegen.evaluate.clock import BatchClock, overhead_per_call_ms
+    from cutegen.evaluate.clock import BatchClock, overhead_per_call_ms, prompt_wakeups
 
     wanted = min(config.timed_batch_calls, config.timing_trials)
     setup = call("calibrate", {"calls": wanted, "warmup_seeds": _seeds(2)}, step="calibrate")
     calls, batches = int(setup["calls"]), []
     for _ in range(max(1, config.calibration_batches)):
-        began = time.perf_counter()
-        data = call("calibration_batch", {"seeds": _seeds(calls)}, step="calibrate")
-        batches.append(BatchClock(calls, (time.perf_counter() - began) * 1e3, sum(data["times_ms"])))
+        with prompt_wakeups():
+            began = time.perf_counter()
+            data = call("calibration_batch", {"seeds": _seeds(calls)}, step="calibrate")
+            wall_ms = (time.perf_counter() - began) * 1e3
+        batches.append(BatchClock(calls, wall_ms, sum(data["times_ms"])))
     began = time.perf_counter()
     call("export_timed", {"calls": [0]}, step="calibrate")
     export_ms = (time.perf_counter() - began) * 1e3
@@ -532,7 +534,7 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
     """Timed batches of the given sizes (runner.timed_batch); after each has returned, the parent draws
     which `checks` of its calls to verify (all of them when `checks` >= the batch) and the reference
     process compares those outputs with its own on the same inputs."""
-    from cutegen.evaluate.clock import BatchClock
+    from cutegen.evaluate.clock import BatchClock, prompt_wakeups
     from cutegen.evaluate.timing import random_trials
 
     data: dict[str, Any] = {"times_ms": [], "stream_ms": [], "idle_ms": [], "clocks": [], "export_ms": [],
@@ -540,9 +542,11 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
     done = 0
     for calls in sizes:
         seeds = _seeds(calls)
-        began = time.perf_counter()
-        reply = call("timed_batch", {"seeds": seeds}, step="timing")
-        data["clocks"].append(BatchClock(calls, (time.perf_counter() - began) * 1e3, sum(reply["times_ms"])))
+        with prompt_wakeups():
+            began = time.perf_counter()
+            reply = call("timed_batch", {"seeds": seeds}, step="timing")
+            wall_ms = (time.perf_counter() - began) * 1e3
+        data["clocks"].append(BatchClock(calls, wall_ms, sum(reply["times_ms"])))
         for key in ("times_ms", "stream_ms", "idle_ms"):
             data[key] += reply[key]
         for key in ("state_changes", "new_threads", "guard_refusals"):

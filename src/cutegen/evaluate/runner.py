@@ -380,7 +380,10 @@ def import_and_build(source: str, runtime: Any, guard: bool = True,
         reader = guard_install(str(path), Path.cwd())  # in a build worker a refusal raises, and the build reports it
         if readers is not None:
             readers.append(reader)
-    confine(Path.cwd(), _build_folders(runtime))  # the kernel's own limit holds with or without the hook
+    folders = _build_folders(runtime)
+    for folder in folders:  # a folder that does not exist yet could not be allowed, nor made later
+        folder.mkdir(parents=True, exist_ok=True)
+    confine(Path.cwd(), folders)  # the kernel's own limit holds with or without the hook
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[CANDIDATE_MODULE] = module
