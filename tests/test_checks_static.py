@@ -82,7 +82,9 @@ def test_cheat_header_is_complete(path):
     modules = (checks_static, checks_dynamic, compare)
     if caught_by in STAGE_CHECKS:  # judged by the pipeline's timing stage or the worker's end
         assert fields.get("twin"), path.name
-        assert caught_by == "guard_refused" or fields.get("layer") in ("timing", "guard-off"), path.name
+        # a native write (88, 89) reaches the confinement past the hook, which sees only Python
+        assert caught_by in ("guard_refused", "write_outside_scratch") or fields.get("layer") in ("timing", "guard-off"), \
+            path.name
         return
     assert caught_by in STATIC_NAMES | DYNAMIC_NAMES
     assert any(callable(getattr(m, caught_by, None)) for m in modules)

@@ -23,9 +23,13 @@ class RuntimeConfig:
     `cutlass_include`: a CUTLASS `include/` folder (holding `cute/` and `cutlass/`); None uses the
     headers of the installed `nvidia-cutlass` wheel.
     `arch`: e.g. "sm_90a"; None reads it off the current CUDA device (compile-only use must set it).
+    `shared_cache_dir`: a build cache that is read and never written: a build found there is used,
+    a new one goes to `cache_dir` (a candidate's worker: only trusted code writes the shared cache,
+    evaluate/confine.py).
     """
 
     cache_dir: Path = field(default_factory=lambda: default_cache_root() / "build")
+    shared_cache_dir: Path | None = None
     nvcc: str | None = None
     cutlass_include: Path | None = None
     arch: str | None = None
@@ -208,6 +212,7 @@ BACKENDS = ("cute", "cuda", "torch")
 # (checks_static.STATIC_CHECK_BACKENDS, anticheat.DYNAMIC_CHECK_BACKENDS).
 OWN_KERNEL_BACKENDS = frozenset({"cute", "cuda"})
 DEVICES = ("cuda", "cpu")
+CONFINEMENTS = ("auto", "hashes")
 
 # atol = rtol per precision track for fp32 tensors, and for half-precision tensors in either track.
 TRACK_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2}
@@ -257,6 +262,11 @@ class EvalConfig:
     # from the candidate, evaluate/guard.py). Off only to prove, in tests, that the layers behind it
     # (the parent's clock, the verification of timed outputs) catch what it would have refused.
     guard: bool = True
+    # How the candidate's workers are kept from writing outside their scratch directories
+    # (evaluate/confine.py): "auto" (Landlock where the kernel has it, and hashes of what the judge
+    # imports where it lacks it or truncation), "hashes" (the hashes alone: a machine whose Landlock
+    # is unusable, and the tests of that fallback).
+    confinement: str = "auto"
     # New attempts (after waits of 5, 15, 30 s) of a candidate that ran out of memory or time while other
     # processes shared the GPU, before the verdict says `gpu_busy` (evaluate/contention.py).
     busy_retries: int = 3
@@ -269,7 +279,7 @@ class EvalConfig:
         from cutegen.errors import ConfigError
 
         for name, value, allowed in (("track", self.track, TRACKS), ("backend", self.backend, BACKENDS),
-                                     ("device", self.device, DEVICES)):
+                                     ("device", self.device, DEVICES), ("confinement", self.confinement, CONFINEMENTS)):
             if value not in allowed:
                 raise ConfigError(f"Evaluation {name} {value!r} is not one of {', '.join(allowed)}.",
                                   f"Pass --{name} {allowed[0]} (or another of {', '.join(allowed)}).")

@@ -51,7 +51,7 @@ JOURNAL = "journal.jsonl"
 # so that a run directory moved to another machine still finds its finished evaluations. busy_retries
 # is how long this machine waits out other processes on a shared GPU: it decides whether a verdict
 # comes at all (gpu_busy is no verdict on the candidate), never what it says.
-MACHINE_LOCAL_EVAL_FIELDS = ("cache_dir", "runtime", "gpus", "log_tail_bytes", "busy_retries")
+MACHINE_LOCAL_EVAL_FIELDS = ("cache_dir", "runtime", "gpus", "log_tail_bytes", "busy_retries", "confinement")
 
 
 def from_json(cls: Any, data: Any) -> Any:

@@ -61,6 +61,7 @@ def candidate_job(task: Any, config: Any, reference_job: dict[str, Any], referen
         "weight_seeds": list(reference_job["weight_seeds"]),
         "spec": reference["spec"],
         "guard": config.guard,
+        "landlock": config.confinement != "hashes",  # confine.py; "hashes": the parent's seal alone
         # The evaluator's build timeout governs (failure "build_timeout"), not nvcc's own.
         "runtime": to_json(replace(config.runtime, nvcc_timeout_s=config.build_timeout_s + 30.0)),
     }

@@ -24,6 +24,7 @@ from cutegen.config import HALF_DTYPES, OWN_KERNEL_BACKENDS, EvalConfig
 from cutegen.errors import ConfigError, ToolchainError
 from cutegen.evaluate.anticheat import applies
 from cutegen.evaluate.clock import RETRY_BATCHES
+from cutegen.evaluate.confine import after_evaluation, before_evaluation
 from cutegen.evaluate.verdict import Stop, VerdictBuilder, correct_feedback, crash_line, died_feedback, \
     error_failure, timing_feedback
 from cutegen.records import CheckResult, Finding, Task, Verdict
@@ -67,6 +68,7 @@ def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | 
 
     run = VerdictBuilder(task.task_id, source_sha256(source), config)
     own = service is None
+    seal = before_evaluation(config)  # refuses to run where a candidate poisoned the environment (confine.py)
     try:
         _static_stage(run, source, config)
         service = service if service is not None else Evaluator.for_config(config)
@@ -91,6 +93,7 @@ def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | 
     finally:
         if own and service is not None:
             service.close()
+    after_evaluation(run, config, seal)  # what kept the candidate's writes in its scratch directory
     return run.verdict()
 
 
@@ -787,6 +790,7 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from cutegen.evaluate.confine import build_reported
     from cutegen.evaluate.worker import WorkerDied, WorkerPool
     from cutegen.records import to_json
 
@@ -794,12 +798,15 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
         raise ConfigError("Prebuilding needs the target architecture.", "Set RuntimeConfig.arch, e.g. sm_90a.")
 
     def build(pool: WorkerPool, path: Path) -> dict[str, Any]:
-        payload = {"source": read_candidate(path), "runtime": to_json(config.runtime)}
+        payload = {"source": read_candidate(path), "runtime": to_json(config.runtime), "guard": config.guard,
+                   "landlock": config.confinement != "hashes"}
         started = time.perf_counter()
         try:
             with pool.worker() as worker:
                 reply = worker.call("prebuild", payload, timeout_s=config.build_timeout_s,
                                     timeout_reason="build_timeout")
+            # the worker imported the candidate, confined, and reported its kernels; built here, trusted
+            reply = build_reported(reply, config.runtime, config.build_timeout_s)
         except WorkerDied as died:
             reply = {"ok": False, "error": {"kind": died.reason, "message": died.detail}}
         return {"path": str(path), "ok": reply["ok"], "wall_s": time.perf_counter() - started,

@@ -9,7 +9,7 @@ A worker takes one role with its first job and keeps it:
 - a candidate's worker (`setup`, `calibrate` and `calibration_batch` before the candidate's import,
   then `build`, `weights`, `run_trial`, `determinism`, `anticheat`, `ghost_run`, `timing_warmup`,
   `timed_batch`, `export_timed`, `kernel_audit`, `reexport`, `release`; runner.py): one candidate, then the process ends;
-- standalone commands: `prebuild` (a build pool's worker: import a candidate and build its kernels,
+- standalone commands: `prebuild` (a build pool's worker: import a candidate, confined, and report its kernels' sources,
   no GPU) and `peaks` (measure the device).
 
 Every command replies with raw measurements (JSON) or a described error; the parent decides.
@@ -89,11 +89,14 @@ def _cmd_release(state: dict, payload: Any) -> Any:
 
 
 def _cmd_prebuild(state: dict, payload: Any) -> Any:
+    """Import the candidate, confined (confine.py), and report its kernels' sources: the parent, trusted,
+    compiles them into the shared build cache, which this process may not write."""
     from cutegen.evaluate.context import runtime_from_json
     from cutegen.evaluate.runner import import_and_build
 
     started = time.perf_counter()
-    _, kernels = import_and_build(payload["source"], runtime_from_json(payload.get("runtime")))
+    _, kernels = import_and_build(payload["source"], runtime_from_json(payload.get("runtime")),
+                                  payload.get("guard", True), landlock=payload.get("landlock", True), build=False)
     return {"build_s": time.perf_counter() - started, "kernels": kernels}
 
 
@@ -165,11 +168,11 @@ def classify_error(err: BaseException, message: str) -> str:
     """The failure kind of an exception raised in a worker: guard_refused, out_of_memory, build_error, toolchain,
     illegal_memory_access, cuda_error or exception (the first that matches, in that order)."""
     from cutegen.errors import BuildError, ToolchainError
+    from cutegen.evaluate.confine import refused_write
 
     if type(err).__name__ == "GuardRefused" or "refused by the judge's guard" in message:
         return "guard_refused"
-    if isinstance(err, PermissionError) and err.filename and \
-            not os.path.abspath(os.fsdecode(err.filename)).startswith(os.getcwd() + os.sep):
+    if refused_write(err, message, os.getcwd()) is not None:
         return "write_outside_scratch"  # refused by the process's confinement (confine.py)
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return "out_of_memory"

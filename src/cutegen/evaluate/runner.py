@@ -15,13 +15,12 @@ taken before the candidate's import; the parent decides.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from cutegen.evaluate.confine import confine
+from cutegen.evaluate.confine import confine_candidate, scratch_runtime
 from cutegen.evaluate.guard import install as guard_install
 from cutegen.records import to_json
 
@@ -43,7 +42,7 @@ class CandidateSession:
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
         self.hooks = Hooks(self.device)
         apply_track(job["track"])
-        self.runtime = runtime_from_json(job.get("runtime"))
+        self.runtime = scratch_runtime(runtime_from_json(job.get("runtime")), Path.cwd())  # reads the shared cache
         self._config_scope = use_config(self.runtime)  # lazy builds in forward use it too
         self._config_scope.__enter__()
         self.task = task_from_json(job["task"])
@@ -113,7 +112,7 @@ class CandidateSession:
 
         started = time.perf_counter()
         self.candidate, kernels = import_and_build(payload["source"], self.runtime, self.job.get("guard", True),
-                                                   self._guard_readers)
+                                                   self._guard_readers, landlock=self.job.get("landlock", True))
         model_new = getattr(self.candidate, "ModelNew", None)
         has_model = isinstance(model_new, type) and issubclass(model_new, torch.nn.Module)
         return {"build_s": time.perf_counter() - started, "kernels": kernels, "model_new": has_model,
@@ -351,43 +350,38 @@ def _null_forward(spec: Any, device: Any) -> Any:
     return lambda *inputs: make(spec)
 
 
-def _build_folders(runtime: Any) -> list[Path]:
-    """Where compiling the candidate's kernels writes: the build cache, torch's extension folder
-    (load_inline), and the JIT caches of Triton and inductor (torch-backend candidates)."""
-    home = Path.home()
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
-    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(home / ".cache" / "torch_extensions")
-    return [Path(runtime.cache_dir).expanduser(), Path(extensions), home / ".triton", home / ".cache" / "torch",
-            Path(f"/tmp/torchinductor_{user}")]
-
-
-def import_and_build(source: str, runtime: Any, guard: bool = True,
-                     readers: list[Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+def import_and_build(source: str, runtime: Any, guard: bool = True, readers: list[Any] | None = None, *,
+                     landlock: bool = True, build: bool = True) -> tuple[Any, list[dict[str, Any]]]:
     """Import the candidate from a file in the working directory and build each of its CuTe kernels.
 
     A KernelBench-style candidate that calls `load_inline` at import builds during the import; the
     parent's build timeout covers both. With `guard`, the judge's audit hook (guard.py) is installed
     first, and the reader of its refusals is appended to `readers` (a list the caller made before any
-    candidate code ran, and holds where that code cannot reach it); then the process is confined to
-    writing in its working directory and the build folders (confine.py, where the kernel has Landlock).
+    candidate code ran, and holds where that code cannot reach it); then the process is confined
+    (confine.py; Landlock where the kernel has it and `landlock`): it writes only in its working
+    directory and the candidate's own build folder. The evaluator's build cache is read, never
+    written: a kernel missing there is built in the working directory. With `build` False (the
+    build pool's worker) nothing is built: each kernel's name and source are returned, for the
+    evaluator to build into its cache.
     """
     from cutegen.evaluate.context import CANDIDATE_FILE
-    from cutegen.runtime import find_kernels
+    from cutegen.runtime import find_kernels, use_config
 
+    runtime = scratch_runtime(runtime, Path.cwd())
     path = Path.cwd() / CANDIDATE_FILE
     path.write_text(source, encoding="utf-8")
     if guard:
         reader = guard_install(str(path), Path.cwd())  # in a build worker a refusal raises, and the build reports it
         if readers is not None:
             readers.append(reader)
-    folders = _build_folders(runtime)
-    for folder in folders:  # a folder that does not exist yet could not be allowed, nor made later
-        folder.mkdir(parents=True, exist_ok=True)
-    confine(Path.cwd(), folders)  # the kernel's own limit holds with or without the hook
+    confine_candidate(source, runtime, Path.cwd(), enforce=landlock)  # the kernel's own limit, hook or no hook
     spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[CANDIDATE_MODULE] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    with use_config(runtime):  # a build during the import, too, reads the shared cache and writes here
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if not build:
+        return module, [{"name": kernel.name, "source": kernel.source} for kernel in find_kernels(module)]
     kernels = []
     for kernel in find_kernels(module):
         result = kernel.build(runtime)

@@ -2,9 +2,10 @@
 
 `Evaluator` owns the processes that evaluations use and keeps them between evaluations of a run:
 
-- a build pool of CPU workers (`build`): each candidate is imported and its kernels compiled there,
-  several at once, beside the GPU's queue; a build error is judged from there and never takes a
-  GPU, and on a machine with nvcc and no GPU the agent builds and repairs before it must stop;
+- a build pool of CPU workers (`build`): each candidate is imported there, confined, and reports its
+  kernels' sources, which this process compiles into the build cache (only trusted code writes it:
+  confine.py), several at once, beside the GPU's queue; a build error is judged from there and never
+  takes a GPU, and on a machine with nvcc and no GPU the agent builds and repairs before it must stop;
 - one lane per GPU (`lane`): an evaluation holds a lane for its GPU work, one at a time, so nothing
   else runs on that GPU while it measures. A lane keeps LANE_SPARES spare candidate workers
   starting (their CUDA contexts are created when an evaluation takes its worker or after its
@@ -29,6 +30,7 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -357,6 +359,10 @@ class Evaluator:
         self.build_jobs = max(1, build_jobs if build_jobs is not None else max(1, cores - 1))
         self.builds = WorkerPool("cpu", cpu_slots=self.build_jobs, log_tail_bytes=log_tail_bytes,
                                  warm_spares=False, warm_profiler=False, cpus=build_cpus, nice=BUILD_NICE)
+        # The compilers of the candidates' kernels, run by this (trusted) process into the build cache,
+        # which the confined build workers may not write (confine.py); niced like the build pool.
+        self.compilers = ThreadPoolExecutor(self.build_jobs, thread_name_prefix="cutegen-compile",
+                                            initializer=_lower_priority, initargs=(BUILD_NICE,))
         self._cond = threading.Condition()
         self._tickets = 0
         self._waiting: dict[int, tuple[str, str]] = {}  # ticket -> (task id, source hash) of a waiting evaluation
@@ -394,20 +400,27 @@ class Evaluator:
         return replace(config, runtime=replace(config.runtime, arch=self._arch)) if self._arch else config
 
     def build(self, source: str, config: Any, label: str = "") -> dict[str, Any]:
-        """Import the candidate and build its kernels in a CPU worker (no GPU); the reply, with
+        """Import the candidate in a confined CPU worker (no GPU), which reports its kernels' sources,
+        and compile them here into the build cache (confine.build_reported, in the niced compiler
+        threads): no candidate code runs in a process that may write the cache. The reply, with
         `conclusive` False when the failure may be this machine's and not the candidate's (an import
         that needs a GPU, a load_inline build where torch has no CUDA): then the GPU's worker builds
         again and judges."""
+        from cutegen.evaluate.confine import build_reported
         from cutegen.evaluate.worker import WorkerDied
         from cutegen.records import to_json
 
-        payload = {"source": source, "runtime": to_json(config.runtime)}
+        payload = {"source": source, "runtime": to_json(config.runtime), "guard": config.guard,
+                   "landlock": config.confinement != "hashes"}
         started, began = time.perf_counter(), time.monotonic()
         try:
             with self.builds.worker() as worker:
                 reply = worker.call("prebuild", payload, timeout_s=config.build_timeout_s,
                                     timeout_reason="build_timeout")
                 reply["log_tail"] = worker.log_tail()
+            remaining_s = max(1.0, config.build_timeout_s - (time.perf_counter() - started))
+            reply = {**self.compilers.submit(build_reported, reply, config.runtime, remaining_s).result(),
+                     "log_tail": reply["log_tail"]}
         except WorkerDied as died:
             reply = {"ok": False, "died": died.reason, "detail": died.detail, "log_tail": died.log_tail}
         reply["wall_s"] = round(time.perf_counter() - started, 3)
@@ -516,12 +529,19 @@ class Evaluator:
         for lane in self.lanes:
             lane.close()
         self.builds.close()
+        self.compilers.shutdown(wait=True)
 
     def __enter__(self) -> "Evaluator":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _lower_priority(nice: int) -> None:
+    """Give the calling thread (a compiler thread) a lower priority: the compilers it starts inherit it."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 def driver_use(message: str) -> dict[int, int]:

@@ -10,7 +10,9 @@ of the CUTLASS headers), all content (`build_key`): the flags are those of `nvcc
 include folder, whose absolute path differs between virtual environments, machines and cluster
 nodes, and the headers enter through the hash of their cutlass/version.h instead. So a build made
 on a machine without a GPU (`cutegen prebuild`) is found by a GPU machine that installed the same
-toolkit and headers anywhere else, given the same cache folder (copied or shared). An entry is the folder `<cache_dir>/<key[:2]>/<key>/` holding kernel.cu,
+toolkit and headers anywhere else, given the same cache folder (copied or shared). A
+`shared_cache_dir` is looked up first and never written (a candidate's worker reads the evaluator's
+cache and builds what it lacks in its own folder). An entry is the folder `<cache_dir>/<key[:2]>/<key>/` holding kernel.cu,
 build.log, build.json and kernel.so; kernel.so is moved in last with an atomic os.replace, so its
 presence means the entry is complete and a reader needs no lock. A builder takes an fcntl lock on
 `<key>.lock` first and looks again after getting it, so when several processes build the same key at
@@ -271,6 +273,10 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     flags = nvcc_flags(arch, include, config.extra_flags)
     full_source = runtime_source(source)
     key = build_key(source, arch, version, headers_id(include), config.extra_flags)
+    if config.shared_cache_dir is not None:  # read, never written (a candidate's worker)
+        hit = _cached(Path(config.shared_cache_dir).expanduser() / key[:2] / key, key, arch, version)
+        if hit is not None:
+            return hit
     cache_dir = Path(config.cache_dir).expanduser()
     entry = cache_dir / key[:2] / key
     hit = _cached(entry, key, arch, version)
