@@ -223,6 +223,17 @@ def test_each_python_write_is_refused_and_nothing_changes(path, world, service):
     _real_site_untouched()
 
 
+@pytest.mark.parametrize("path", PYTHON_WRITES, ids=lambda p: p.stem)
+def test_each_python_write_does_write_where_nothing_confines_it(path, world, service):
+    """The refusals above are Landlock's, not a fixture's own mistake: with Landlock off (confinement
+    "hashes") and the hook off, each fixture changes its target in the test's world (all of it under
+    the test's folder). The seal sees only what the judge imports, so the verdict is not asserted."""
+    before = world.state()
+    _judge(path, world, service, confinement="hashes")
+    assert world.state() != before
+    _real_site_untouched()
+
+
 @landlock
 def test_the_honest_twin_passes_with_the_hook_on_and_off(world, service):
     """The twin's file work in its scratch directory and TMPDIR (write, append, rename, copy, remove, a

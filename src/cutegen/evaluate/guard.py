@@ -250,6 +250,8 @@ class Judge:
         self.getsignal, self.get_debug = _signal.getsignal, gc.get_debug  # held: patching the modules hides nothing
         self.handlers = {s: self.getsignal(s) for s in _signal.valid_signals() if self._settable(s)}
         self.gc_debug = self.get_debug()
+        self.rules = {kind: getattr(self, f"_on_{kind}") for kind in set(EVENT_KINDS.values()) | {"ctypes"}
+                      if hasattr(self, f"_on_{kind}")}
 
     def _settable(self, signum: int) -> bool:
         try:
@@ -286,13 +288,12 @@ class Judge:
     # -- decisions: a reason to refuse, or None
 
     def decide(self, kind: str, event: str, args: tuple, frame: Any) -> str | None:
-        rule = getattr(self, f"_on_{kind}", None)
-        reason = rule(event, args, frame) if rule is not None else self._plain(kind, frame)
+        rule = self.rules.get(kind)
+        if rule is not None:
+            reason = rule(event, args, frame)
+        else:  # heap, ctypes, process, socket: refused to candidate code, allowed to trusted code
+            reason = DESCRIPTIONS[kind] if self.asker(frame)[0] == CANDIDATE else None
         return None if reason is None else f"{event}: {reason}"
-
-    def _plain(self, kind: str, frame: Any) -> str | None:
-        """heap, ctypes, process, socket: refused to candidate code, allowed to trusted code."""
-        return DESCRIPTIONS[kind] if self.asker(frame)[0] == CANDIDATE else None
 
     def _on_frame(self, event: str, args: tuple, frame: Any) -> str | None:
         who, entry = self.asker(frame)

@@ -110,10 +110,22 @@ def _session_command(name: str, role: str) -> Callable[[dict, Any], Any]:
     def run(state: dict, payload: Any) -> Any:
         if state.get("role") != role or "session" not in state:
             raise RuntimeError(f"{name} needs a {role} job first")
+        if role == "candidate":
+            _refuse_after_a_refusal()
         method = getattr(state["session"], name)
         return method(payload) if payload is not None else method()
 
     return run
+
+
+def _refuse_after_a_refusal() -> None:
+    """Once the guard has refused the candidate an operation, the candidate does not run again: a candidate
+    that caught the refusal gains no further call (guard.py); the reply names what was refused."""
+    from cutegen.evaluate.guard import GuardRefused, findings
+
+    refused = findings()
+    if refused:
+        raise GuardRefused(f"refused by the judge's guard: {refused[0]} (the candidate is not run again)")
 
 
 COMMANDS: dict[str, Callable[[dict, Any], Any]] = {
