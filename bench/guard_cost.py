@@ -5,8 +5,10 @@ every foreign call raises the `ctypes.call_function` audit event: the hook's cos
 each launch pays. Measured here on a foreign call of the same kind (libc's getpid through ctypes, from
 a function in a trusted place, as launch.py is), with and without the hook, each in a fresh process;
 also an event the hook ignores (`builtins.id`) and one it judges for trusted code (`sys._getframe`).
+With --cuda, also a real CuTe launch: the honest CuTe twin's forward (one kernel launch through
+cutegen.runtime) timed over many calls (needs nvcc and a GPU).
 
-    python3 bench/guard_cost.py [--calls N] [--out bench/results/guard-cost-cpu.md]
+    python3 bench/guard_cost.py [--calls N] [--cuda] [--out bench/results/guard-cost-cpu.md]
 """
 
 from __future__ import annotations
@@ -69,7 +71,35 @@ def _measure(calls: int) -> dict[str, float]:
              ("judged_event_ns", frames))}
 
 
-def child(mode: str, calls: int) -> None:
+def _measure_launch(calls: int) -> dict[str, float]:
+    """ns per forward of the honest CuTe twin (one launch each), the device synchronised at the end of each
+    run; and the audit events one forward raises."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("cute_twin", REPO / "tests/fixtures/honest/cute_swish_scale.py")
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)  # type: ignore[union-attr]
+    model, x = twin.ModelNew(2.0), torch.randn(1 << 12, device="cuda")
+    model(x)  # builds (or finds) the kernel
+    events: list[str] = []
+    counting = False
+    sys.addaudithook(lambda event, args: events.append(event) if counting else None)
+    counting = True
+    model(x)
+    counting = False
+    per_forward = float(len(events))
+
+    def launches(n: int) -> None:
+        for _ in range(n):
+            model(x)
+        torch.cuda.synchronize()
+
+    return {"cute_forward_ns": _best_ns(launches, calls), "cute_forward_events": per_forward}
+
+
+def child(mode: str, calls: int, cuda: bool) -> None:
     """One process's numbers, as JSON on stdout: bare, with a hook that does nothing, or guarded."""
     if mode == "empty":
         sys.addaudithook(lambda event, args: None)
@@ -78,24 +108,28 @@ def child(mode: str, calls: int) -> None:
 
         scratch = Path(tempfile.mkdtemp(prefix="guard-cost-"))
         install(scratch / "candidate.py", scratch, trusted=[HERE])  # this file stands for cutegen.runtime
-    print(json.dumps(_measure(calls)))
+    found = _measure(calls)
+    if cuda:
+        found.update(_measure_launch(max(1000, calls // 20)))
+    print(json.dumps(found))
 
 
-def run(mode: str, calls: int) -> dict[str, float]:
+def run(mode: str, calls: int, cuda: bool) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__, "--child", mode, "--calls", str(calls)],
+    done = subprocess.run([sys.executable, __file__, "--child", mode, "--calls", str(calls),
+                           *(["--cuda"] if cuda else [])],
                           capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout)
 
 
-def report(calls: int) -> str:
-    bare, empty, guarded = run("bare", calls), run("empty", calls), run("guarded", calls)
+def report(calls: int, cuda: bool) -> str:
+    bare, empty, guarded = (run(mode, calls, cuda) for mode in ("bare", "empty", "guarded"))
     rows = [f"| {name} | {bare[name]:.0f} | {empty[name] - bare[name]:.0f} | {guarded[name] - bare[name]:.0f} |"
             for name in bare]
     return "\n".join([
         "# The audit hook's cost per event (CPU)",
         "",
-        f"`python3 bench/guard_cost.py --calls {calls}` on {platform.processor() or platform.machine()},"
+        f"`python3 bench/guard_cost.py --calls {calls}{' --cuda' if cuda else ''}` on {platform.processor() or platform.machine()},"
         f" Python {platform.python_version()}; fastest of 7 runs, ns per call, the empty loop's cost taken off.",
         "",
         "| event | without a hook (ns) | added by an empty hook (ns) | added by the guard (ns) |",
@@ -107,7 +141,9 @@ def report(calls: int) -> str:
         "ctypes_dlsym_ns: a symbol looked up from trusted code (`ctypes.dlsym`: the hook's one-lookup path for",
         "trusted ctypes use; the timing loop's persisting-L2 reset loads libcudart and two symbols per call);",
         "ignored_event_ns: `id()`, an event the hook returns from at its first lookup;",
-        "judged_event_ns: `sys._getframe()` from trusted code (the hook walks to the first trusted frame).",
+        "judged_event_ns: `sys._getframe()` from trusted code (the hook walks to the first trusted frame);",
+        "cute_forward_ns / cute_forward_events (--cuda): a forward of the honest CuTe twin (one launch through",
+        "cutegen.runtime), and the audit events it raises.",
         "",
     ])
 
@@ -116,12 +152,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--child", choices=("bare", "empty", "guarded"))
+    parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.calls)
+        child(args.child, args.calls, args.cuda)
         return
-    text = report(args.calls)
+    text = report(args.calls, args.cuda)
     print(text)
     if args.out:
         args.out.write_text(text)

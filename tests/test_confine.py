@@ -268,8 +268,9 @@ def test_load_inline_builds_in_its_own_folder_and_native_writes_are_refused(worl
     assert verdict.failure == "write_outside_scratch" and "Permission denied" in verdict.feedback, verdict.feedback
     after = world.state()
     assert after["site"] == before["site"] and after["run"] == before["run"]
-    assert {k: v for k, v in after["cache"].items() if not k.startswith(f"candidates/{own.parent.name}")} == \
-        {k: v for k, v in before["cache"].items() if not k.startswith(f"candidates/{own.parent.name}")}
+    cheats_own = f"candidates/{confine.candidate_folder(world.config.runtime, cheat.read_text()).name}/"
+    assert {k: v for k, v in after["cache"].items() if not k.startswith(cheats_own)} == before["cache"]
+    assert (world.cache / cheats_own / "torch_extensions" / "cutegen_fixture_native_write").is_dir()
     _real_site_untouched()
 
 
@@ -377,17 +378,24 @@ def test_the_build_worker_cannot_write_the_cache_and_a_malformed_report_is_refus
         assert not built["ok"] and built["error"]["kind"] == "worker_protocol"
 
 
-CONFINED_BUILD = r"""
+CONFINED_WORKER = r"""
 import json, sys
 from pathlib import Path
 from cutegen.config import RuntimeConfig
-from cutegen.evaluate.confine import confine, scratch_runtime
-from cutegen.runtime import build_library
-cache, scratch, sources = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-runtime = scratch_runtime(RuntimeConfig(cache_dir=cache, arch="sm_90a"), scratch)
-assert confine(scratch).enforced
-results = [build_library(source, runtime) for source in sources]
-print(json.dumps([{"cached": r.cached, "library": str(r.library_path)} for r in results]))
+from cutegen.evaluate.confine import scratch_runtime
+from cutegen.evaluate.runner import import_and_build
+from cutegen.runtime import build_library, find_kernels
+cache, scratch, candidate, missing = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+runtime = RuntimeConfig(cache_dir=cache, arch="sm_90a")
+module, kernels = import_and_build(candidate, runtime)  # as the GPU worker does: guarded, confined, built
+try:
+    open(cache / "planted", "w")
+    refused = False
+except PermissionError:
+    refused = True
+built = build_library(missing, scratch_runtime(runtime, scratch))
+print(json.dumps({"found": {"cached": kernels[0]["cached"], "library": str(find_kernels(module)[0].build_result.library_path)},
+                  "built": {"cached": built.cached, "library": str(built.library_path)}, "refused": refused}))
 """
 
 
@@ -395,13 +403,14 @@ print(json.dumps([{"cached": r.cached, "library": str(r.library_path)} for r in 
 @pytest.mark.nvcc
 @needs_nvcc
 def test_a_build_by_the_evaluator_is_found_by_a_confined_worker(world, service, tmp_path):
-    """The evaluator builds the kernel the confined build worker reported into the shared cache; a
-    confined process (a GPU worker's settings: the shared cache read, new builds in its scratch
-    directory) finds that build there, builds a kernel missing from the cache in its scratch
-    directory (uncached), and the shared cache is unchanged by it."""
+    """The evaluator builds the kernel the confined build worker reported into the shared cache; a GPU
+    worker's import (runner.import_and_build: the hook, the confinement, the shared cache read) finds
+    that build there, a kernel missing from the cache is built in its scratch directory (uncached),
+    the worker cannot write the cache, and the cache is unchanged by it."""
     runtime = RuntimeConfig(cache_dir=world.cache / "build", arch="sm_90a")
     config = replace(world.config, runtime=runtime)
-    reply = service.build(CANDIDATE.format(source=KERNEL, extra=""), config)
+    candidate = CANDIDATE.format(source=KERNEL, extra="")
+    reply = service.build(candidate, config)
     assert reply["ok"], reply
     (kernel,) = reply["data"]["kernels"]
     assert kernel["name"] == "scale" and kernel["cached"] is False and kernel["compile_s"] > 0
@@ -411,14 +420,29 @@ def test_a_build_by_the_evaluator_is_found_by_a_confined_worker(world, service, 
     scratch = tmp_path / "worker"
     scratch.mkdir()
     missing = KERNEL.replace("x[i] * s", "x[i] * s + 1.0f")
-    probe = subprocess.run([sys.executable, "-c", CONFINED_BUILD, str(world.cache / "build"), str(scratch),
-                            json.dumps([KERNEL, missing])], capture_output=True, text=True, timeout=600,
+    probe = subprocess.run([sys.executable, "-c", CONFINED_WORKER, str(world.cache / "build"), str(scratch), candidate,
+                            missing], capture_output=True, text=True, timeout=600,
                            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TMPDIR": str(scratch)}, cwd=scratch)
     assert probe.returncode == 0, probe.stderr[-2000:]
-    found, built = json.loads(probe.stdout)
-    assert found == {"cached": True, "library": str(library)}
-    assert built["cached"] is False and built["library"].startswith(str(scratch / "build"))
+    seen = json.loads(probe.stdout)
+    assert seen["found"] == {"cached": True, "library": str(library)}
+    assert seen["built"]["cached"] is False and seen["built"]["library"].startswith(str(scratch / "build"))
+    assert seen["refused"] is True
     assert _tree(world.cache) == cache_before
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_a_compile_error_in_the_evaluators_build_is_the_candidates_build_error(world, service):
+    """nvcc's rejection of a reported source is judged as before the build moved out of the worker: a
+    conclusive `build_error` with the compiler's first error, and no entry in the cache."""
+    broken = KERNEL.replace("y[i] = x[i] * s;", "y[i] = x[i] * undefined_tile;")
+    config = replace(world.config, runtime=RuntimeConfig(cache_dir=world.cache / "build", arch="sm_90a"))
+    before = world.state()
+    reply = service.build(CANDIDATE.format(source=broken, extra=""), config)
+    assert not reply["ok"] and reply["conclusive"] and reply["error"]["kind"] == "build_error", reply
+    assert "undefined_tile" in reply["error"]["distilled"]
+    assert not [k for k in _tree(world.cache) if k.endswith("kernel.so") and k not in before["cache"]]
 
 
 def test_a_workers_runtime_reads_the_shared_cache_and_builds_in_its_scratch_directory(tmp_path):

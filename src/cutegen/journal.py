@@ -36,13 +36,11 @@ import json
 import os
 import threading
 import time
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 from cutegen.errors import ConfigError
-from cutegen.records import Step, Verdict, to_json
+from cutegen.records import Step, Verdict, from_json, to_json
 
 SCHEMA_VERSION = 1
 JOURNAL = "journal.jsonl"
@@ -52,27 +50,6 @@ JOURNAL = "journal.jsonl"
 # is how long this machine waits out other processes on a shared GPU: it decides whether a verdict
 # comes at all (gpu_busy is no verdict on the candidate), never what it says.
 MACHINE_LOCAL_EVAL_FIELDS = ("cache_dir", "runtime", "gpus", "log_tail_bytes", "busy_retries", "confinement")
-
-
-def from_json(cls: Any, data: Any) -> Any:
-    """Rebuild a record (or a nested type: Optional, tuple, Path) from its `to_json` form."""
-    origin = typing.get_origin(cls)
-    if origin in (typing.Union, types.UnionType):
-        if data is None:
-            return None
-        inner = [a for a in typing.get_args(cls) if a is not type(None)]
-        return from_json(inner[0], data)
-    if origin is tuple:
-        return tuple(from_json(typing.get_args(cls)[0], x) for x in data)
-    if dataclasses.is_dataclass(cls):
-        hints = typing.get_type_hints(cls)
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        return cls(**{k: from_json(hints[k], v) for k, v in data.items() if k in known})
-    if cls is Path:
-        return Path(data)
-    if cls is float and isinstance(data, int):
-        return float(data)
-    return data
 
 
 def eval_fingerprint(config: Any) -> dict:

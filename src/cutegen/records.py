@@ -10,6 +10,8 @@ Sections: tasks, runtime (builds). Later stages add their records below their ow
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,27 @@ def to_json(record: Any) -> Any:
     if isinstance(record, dict):
         return {str(k): to_json(v) for k, v in record.items()}
     return record
+
+
+def from_json(cls: Any, data: Any) -> Any:
+    """Rebuild a record (or a nested type: Optional, tuple, Path) from its `to_json` form."""
+    origin = typing.get_origin(cls)
+    if origin in (typing.Union, types.UnionType):
+        if data is None:
+            return None
+        inner = [a for a in typing.get_args(cls) if a is not type(None)]
+        return from_json(inner[0], data)
+    if origin is tuple:
+        return tuple(from_json(typing.get_args(cls)[0], x) for x in data)
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        return cls(**{k: from_json(hints[k], v) for k, v in data.items() if k in known})
+    if cls is Path:
+        return Path(data)
+    if cls is float and isinstance(data, int):
+        return float(data)
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- tasks

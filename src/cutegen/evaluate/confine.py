@@ -27,23 +27,27 @@ directory or the evaluator's caches of baselines and probes. Three layers:
    worker finds there what its build worker compiled.
 3. Where Landlock is missing (another OS, an old or restricted kernel), or has no truncation right
    (ABI < 3), or `EvalConfig.confinement` is "hashes": an `EnvironmentSeal` of what the judge
-   imports (size, mtime, ctime and the sha256 of each module file loaded in the evaluating process,
-   its cached .pyc, the .pth files and the listings of the site folders and of the folder holding
-   cutegen) is compared after each candidate in the parent. A change fails that evaluation with
-   `write_outside_scratch`, naming the file, and marks the environment poisoned (a file in the eval
-   cache): every later evaluation refuses to run, with the fix (reinstall, then delete the mark).
+   imports (size, mtime, ctime and, for text, the sha256 of each module file loaded in the
+   evaluating process and of the .pyc its import uses, the site folders' .pth files, the listings of
+   the site folders and of the folder holding cutegen) is compared in the parent after each
+   candidate. ctime cannot be set back from user space, so restoring a file's mtime hides nothing. A
+   change fails that evaluation with `write_outside_scratch`, naming the file, and marks the
+   environment poisoned (a file in the eval cache): every later evaluation refuses to run
+   (EnvironmentPoisoned), with the fix (reinstall, then delete the mark).
 
-Not defended: reads (a candidate may read any file its user can; it learns nothing it could not
-compute, and the judge's secrets are its seeds, drawn in the parent); writes inside the allowed
-places (its scratch, /dev/shm, its own build folder; nothing trusted runs from them); metadata
-(chmod, utime, ownership are not Landlock rights: a candidate can make its user's files unreadable,
-which breaks later runs loudly but runs nothing); signals and other processes' /proc files of the
-same user (a candidate's native code could raise the parent's oom_score_adj); a process that writes
-before the evaluator notices, on a kernel without Landlock, to a file the seal does not cover (a
-module the judge's processes import only later); what a candidate's process started with a double
-fork does after the seal's comparison; and a user who runs the evaluator as root without Landlock.
-The compilers that build a candidate's kernels run unconfined in the evaluator (reading any file the
-source `#include`s, as the candidate could read it anyway).
+Not defended: reads (a candidate may read any file its user can; the judge's secrets are the seeds
+the parent draws for each call, in no file); writes inside the allowed places (its scratch, /dev/shm,
+its own build folder; nothing trusted runs from them); metadata (chmod, utime and ownership are not
+Landlock rights: a candidate can make its user's files unreadable, which breaks later runs loudly but
+runs nothing); signals to the user's other processes, and the /proc files of theirs that need no
+ptrace access; what the compilers of a candidate's kernels read (they run unconfined in the
+evaluator, and read any file the source `#include`s, as the candidate could). Where only the seal
+stands (no Landlock): writes to the build cache, the run directory and the evaluator's caches (the
+seal covers what the judge imports, not those), a .pyc created where none was (pip compiles them at
+install, so one exists for every installed module), a module file that the evaluating process had
+not loaded when the candidate ran, and what a process the candidate started with a double fork does
+after the comparison. Evaluations that run at once share one seal: a change is blamed on the
+evaluation that ends first, and every later one refuses.
 """
 
 from __future__ import annotations
@@ -219,42 +223,6 @@ def confine_candidate(source: str, runtime: RuntimeConfig, scratch: Path, enforc
     return confine(scratch, [extensions], enforce=enforce)
 
 
-# A child process's report of a refused write, found in the error's message: Python's wording, or the
-# C library's (`PATH: Permission denied`, a shell's or a native helper's).
-_DENIED = re.compile(r"\[Errno 13\] Permission denied: '([^']+)'|(/[^\s:'\"]+): Permission denied")
-
-
-def refused_write(err: BaseException, message: str, scratch: str | Path) -> str | None:
-    """The path outside `scratch` whose write the confinement refused, as a worker's exception shows
-    it: a PermissionError (raised, or chained under what the candidate raised) naming it, or a child
-    process's report of one in the message; None otherwise. A path its user may not write by its own
-    permissions is not the confinement's refusal."""
-    inside = str(Path(scratch).resolve()) + os.sep
-    names: list[str] = []
-    seen: BaseException | None = err
-    for _ in range(8):  # the candidate's chain of causes, bounded
-        if seen is None:
-            break
-        if isinstance(seen, PermissionError):
-            names += [os.fsdecode(n) for n in (seen.filename, seen.filename2) if isinstance(n, (str, bytes))]
-        seen = seen.__cause__ or seen.__context__
-    names += [python or libc for python, libc in _DENIED.findall(message)]
-    for name in names:
-        path = os.path.abspath(os.path.join(str(scratch), name))
-        if not (path + os.sep).startswith(inside) and _user_may_write(path):
-            return path
-    return None
-
-
-def _user_may_write(path: str) -> bool:
-    """Whether the file's own permissions let this user write it (or create it in its nearest
-    existing folder): os.access does not consult Landlock."""
-    probe = path
-    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    return os.access(probe, os.W_OK)
-
-
 # --------------------------------------------------------------------- builds by trusted code only
 
 
@@ -296,17 +264,24 @@ def build_reported(reply: dict[str, Any], runtime: RuntimeConfig, timeout_s: flo
         for name, source in sources:
             result = build_library(source, runtime)
             kernels.append({"name": name, "cached": result.cached, "compile_s": result.compile_s, "arch": result.arch,
-                            "key": result.key})
+                            "key": result.cache_key})
     except BuildError as err:
         if "nvcc timed out" in err.distilled:
-            detail = f"nvcc did not finish within {timeout_s:g} s"
+            detail = f"nvcc was stopped at the build timeout (after {timeout_s:.3g} s of compiling)"
             return {"ok": False, "died": "build_timeout", "detail": detail,
                     "error": {"kind": "build_timeout", "message": detail}}
-        return {"ok": False, "error": describe_error(err)}
+        return {"ok": False, "error": {**describe_error(err), "kind": "build_error"}}  # whatever nvcc's log says
     except (ToolchainError, ConfigError) as err:
         return {"ok": False, "error": describe_error(err)}
-    build_s = float(reply["data"].get("build_s") or 0.0) + time.perf_counter() - started
-    return {**reply, "data": {"build_s": build_s, "kernels": kernels}}
+    return {**reply, "data": {"build_s": import_seconds(reply) + time.perf_counter() - started, "kernels": kernels}}
+
+
+def import_seconds(reply: dict[str, Any]) -> float:
+    """The seconds a build worker says the candidate's import took (0 for anything but a finite
+    non-negative number: the candidate's process wrote it)."""
+    data = reply.get("data")
+    value = data.get("build_s") if isinstance(data, dict) else None
+    return float(value) if isinstance(value, (int, float)) and 0.0 <= value < float("inf") else 0.0
 
 
 # -------------------------------------------------------------------------- the seal (fallback)
@@ -361,7 +336,8 @@ def _module_file(module: Any) -> str | None:
 def _site_folders() -> list[str]:
     """The folders whose new entries later interpreters would import or run: the site folders (a
     new .pth or a shadowing module) and the folder holding cutegen (first on the workers' path)."""
-    folders = list(site.getsitepackages()) + [site.getusersitepackages(), str(Path(__file__).resolve().parents[2])]
+    folders = list(getattr(site, "getsitepackages", list)()) + [site.getusersitepackages(),
+                                                                 str(Path(__file__).resolve().parents[2])]
     return [str(Path(f).resolve()) for f in dict.fromkeys(folders) if os.path.isdir(f)]
 
 

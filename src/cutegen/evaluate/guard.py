@@ -15,7 +15,9 @@ imports): the hook sees the interpreter's own events, not names. Refused to cand
 - heap walks (gc.get_objects / get_referrers / get_referents) and gc's DEBUG_SAVEALL (found later);
 - tracing: sys.settrace, sys.setprofile (and threading's hooks, seen when a thread starts), an audit
   hook of its own;
-- ctypes, every event of it; process memory through /proc/self/mem; sockets and the judge's channel;
+- ctypes, every audited operation of it (loading a library or a symbol, an object at a numeric
+  address, addressof, string_at, buffers); process memory through /proc/self/mem; sockets and the
+  judge's channel;
 - processes, signals to processes, threads;
 - code surgery: `f.__code__ = ...`, a trusted function's defaults, `__bases__`; code posing as a
   trusted file's (compiled, built or unmarshalled under such a name) and a trusted module's code run
@@ -33,6 +35,11 @@ dataclasses, warnings, logging, the string-returning parts of traceback...) may 
 candidate; so an honest `gc.collect()`, `import inspect`, `inspect.signature`, a namedtuple, a
 warning or `traceback.format_exc()` pass. Code objects are told apart by identity, never by name.
 
+Cost: none on a kernel launch (a ctypes foreign call raises no audit event in Python 3.11) and no
+event at all in the judge's timing loop (counted on CPU); an event the hook ignores costs a dict
+lookup on top of the interpreter's call of the hook, a judged one a walk to the first trusted frame
+(bench/guard_cost.py).
+
 A refusal raises `GuardRefused` in the candidate and is recorded in a list that only the hook holds
 (the hook is reachable from Python through no object: not sys, not a module, not the reader); the
 worker reads it with `findings()` (an audit event the hook answers with a copy), puts it in every
@@ -44,18 +51,22 @@ exception can undo it: the operation did not happen, the record cannot be reache
 candidate never runs again after that reply.
 
 What remains possible, and what still catches it:
-- Native code. A candidate's kernels (its .so, a load_inline extension) and anything reached through
-  a trusted library's native side (numpy's or torch's array interfaces over a raw address) can read
-  and write the whole process: this hook, its record, the judge's timing records. They are caught
-  outside the process: the parent measures every timed batch on its own clock (clock.py), so
+- Native code. A candidate's kernels (its .so, a load_inline extension), the parts of ctypes the
+  interpreter does not audit (cast, memmove, a function pointer made from an address, a Union of a
+  pointer and an integer: ctypes is imported by torch, so its module is in reach) and anything reached
+  through a trusted library's native side (numpy's or torch's array interfaces over a raw address)
+  can read and write the whole process: this hook, its record, the judge's timing records. They are
+  caught outside the process: the parent measures every timed batch on its own clock (clock.py), so
   forged or halved times disagree with it; the outputs of timed calls, chosen by the parent after
-  each batch ran, are re-verified by the reference process on inputs of their own; every reply
-  must echo its command's nonce; and writes are refused by the kernel (Landlock) where it has it.
+  each batch ran, are verified by the reference process on the same inputs drawn again from their
+  seeds; every reply must echo its command's nonce; and writes are refused by the kernel (Landlock)
+  where it has it.
 - Patching. Assigning attributes of modules and classes raises no audit event, so the candidate
   can replace the judge's Python functions (fixture 51) or its reply path (and so hide the record of
   an operation that was refused all the same); the same parent-side observations catch what that
   changes in times or outputs. Trusted code the candidate drives without a frame of its own (a
-  builtin registered as a hook, code a trusted library compiles from its strings) acts as trusted.
+  builtin registered as a hook, code a trusted library compiles from its strings) acts as trusted,
+  and so does a trusted library's helper that reads frames or the heap and hands what it found back.
 - os.read / os.write on the channel's descriptor raise no event: a forged reply lacks the nonce,
   and no thread of the candidate's can wait for the next command to read it.
 """

@@ -25,7 +25,6 @@ import time
 import traceback
 from typing import Any, Callable
 
-_MAX_TEXT = 6000
 REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
                       "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "kernel_audit", "reexport", "release")
@@ -166,63 +165,3 @@ def cuda_healthy() -> bool:
         return False
 
 
-_CUDA_KINDS = (
-    ("out_of_memory", re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
-                                 r"can't allocate memory|Tried to allocate", re.I)),
-    ("illegal_memory_access", re.compile(r"illegal memory access|cudaErrorIllegalAddress|"
-                                         r"CUDA_ERROR_ILLEGAL_ADDRESS", re.I)),
-    ("cuda_error", re.compile(r"CUDA error|cudaError|CUDA_ERROR|misaligned address|"
-                              r"unspecified launch failure|device-side assert|KernelError", re.I)),
-)
-
-
-def classify_error(err: BaseException, message: str) -> str:
-    """The failure kind of an exception raised in a worker: guard_refused, out_of_memory, build_error, toolchain,
-    illegal_memory_access, cuda_error or exception (the first that matches, in that order)."""
-    from cutegen.errors import BuildError, ToolchainError
-    from cutegen.evaluate.confine import refused_write
-
-    if type(err).__name__ == "GuardRefused" or "refused by the judge's guard" in message:
-        return "guard_refused"
-    if refused_write(err, message, os.getcwd()) is not None:
-        return "write_outside_scratch"  # refused by the process's confinement (confine.py)
-    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
-        return "out_of_memory"
-    if isinstance(err, BuildError) or "Error building extension" in message:
-        return "build_error"
-    if isinstance(err, ToolchainError):
-        return "toolchain"
-    for kind, pattern in _CUDA_KINDS:
-        if pattern.search(message) or pattern.search(type(err).__name__):
-            return kind
-    return "exception"
-
-
-def _safe_str(err: BaseException) -> str:
-    try:
-        return str(err)[:_MAX_TEXT]
-    except BaseException:  # noqa: BLE001 - a candidate's exception may break its own __str__
-        return "<unprintable exception>"
-
-
-def describe_error(err: BaseException) -> dict[str, Any]:
-    """What the parent needs to explain an exception: kind, message, the candidate's line, a traceback."""
-    from cutegen.evaluate.context import CANDIDATE_FILE
-
-    message = _safe_str(err)
-    try:
-        tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))[-_MAX_TEXT:]
-    except BaseException:  # noqa: BLE001
-        tb = ""
-    line = None
-    frame = err.__traceback__
-    while frame is not None:
-        if os.path.basename(frame.tb_frame.f_code.co_filename) == CANDIDATE_FILE:
-            line = frame.tb_lineno
-        frame = frame.tb_next
-    described = {"kind": classify_error(err, message), "type": type(err).__name__, "message": message,
-                 "traceback": tb, "candidate_line": line}
-    for attr in ("distilled", "log_tail"):
-        if isinstance(getattr(err, attr, None), str):
-            described[attr] = getattr(err, attr)[-_MAX_TEXT:]
-    return described

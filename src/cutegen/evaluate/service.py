@@ -406,7 +406,7 @@ class Evaluator:
         `conclusive` False when the failure may be this machine's and not the candidate's (an import
         that needs a GPU, a load_inline build where torch has no CUDA): then the GPU's worker builds
         again and judges."""
-        from cutegen.evaluate.confine import build_reported
+        from cutegen.evaluate.confine import build_reported, import_seconds
         from cutegen.evaluate.worker import WorkerDied
         from cutegen.records import to_json
 
@@ -418,7 +418,7 @@ class Evaluator:
                 reply = worker.call("prebuild", payload, timeout_s=config.build_timeout_s,
                                     timeout_reason="build_timeout")
                 reply["log_tail"] = worker.log_tail()
-            remaining_s = max(1.0, config.build_timeout_s - (time.perf_counter() - started))
+            remaining_s = max(1.0, config.build_timeout_s - import_seconds(reply))  # the import counts, as before
             reply = {**self.compilers.submit(build_reported, reply, config.runtime, remaining_s).result(),
                      "log_tail": reply["log_tail"]}
         except WorkerDied as died:

@@ -367,6 +367,29 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    # nvcc's children are not ours to reap, and a killed compiler takes a moment to free its memory:
+    # the build reports the timeout once none of them runs any more.
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and _group_running(proc.pid):
+        time.sleep(0.05)
+
+
+def _group_running(group: int) -> bool:
+    """Whether a process of process group `group` is still running (not a zombie), read from /proc;
+    False where there is no /proc."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, _, pgrp = stat.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == group and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _read_log(path: Path) -> tuple[str, str]:
