@@ -129,7 +129,8 @@ def report(calls: int, cuda: bool) -> str:
     return "\n".join([
         "# The audit hook's cost per event (CPU)",
         "",
-        f"`python3 bench/guard_cost.py --calls {calls}{' --cuda' if cuda else ''}` on {platform.processor() or platform.machine()},"
+        f"`python3 bench/guard_cost.py --calls {calls}{' --cuda' if cuda else ''}`"
+        f" on {platform.processor() or platform.machine()},"
         f" Python {platform.python_version()}; fastest of 7 runs, ns per call, the empty loop's cost taken off.",
         "",
         "| event | without a hook (ns) | added by an empty hook (ns) | added by the guard (ns) |",

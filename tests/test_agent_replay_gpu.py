@@ -21,9 +21,10 @@ import pytest
 
 from cutegen.agent import Agent
 from cutegen.config import AgentConfig, EvalConfig, ProviderSettings, RuntimeConfig
-from cutegen.journal import Journal, load_run, start_run, write_outputs
+from cutegen.journal import Journal, load_run, start_run
 from cutegen.llm import provider_from_spec
 from cutegen.records import to_json
+from cutegen.report import write_outputs
 from cutegen.tasks import load_task
 from results_table import ResultsTable
 

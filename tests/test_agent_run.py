@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from cutegen.agent import EXIT_DONE, EXIT_NEEDS_GPU, Agent, required_gain, target_reached
+from cutegen.agent import EXIT_DONE, EXIT_NEEDS_GPU, Agent, target_reached
 from cutegen.config import AgentConfig, Budget, EvalConfig, ProviderSettings
-from cutegen.journal import JOURNAL, Journal, load_run, start_run, write_outputs
+from cutegen.evaluate.verdict import required_gain
+from cutegen.journal import JOURNAL, Journal, load_run, start_run
 from cutegen.llm import provider_from_spec
 from cutegen.records import TimingStats, Verdict, to_json
+from cutegen.report import write_outputs
 from cutegen.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
-from cutegen.evaluate import confine
+from cutegen.evaluate import confine, failure
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -198,10 +198,10 @@ def test_a_refused_write_is_named_from_the_error_the_candidate_raised(tmp_path):
     child = RuntimeError(f"helper failed: PermissionError: [Errno 13] Permission denied: '{outside}'")
     shell = RuntimeError(f"sh: 1: cannot create {outside}: Permission denied")
     for err in (direct, rename, chained, child, shell):
-        assert confine.refused_write(err, str(err), scratch) == outside
+        assert failure.refused_write(err, str(err), scratch) == outside
     inside = PermissionError(13, "Permission denied", os.path.join(scratch, "notes.txt"))
-    assert confine.refused_write(inside, str(inside), scratch) is None
-    assert confine.refused_write(ValueError("bad shape"), "bad shape", scratch) is None
+    assert failure.refused_write(inside, str(inside), scratch) is None
+    assert failure.refused_write(ValueError("bad shape"), "bad shape", scratch) is None
 
 
 # ------------------------------------------------------------------------ the fixtures, end to end

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cutegen.errors import BuildError, ToolchainError
-from cutegen.evaluate.protocol import classify_error, describe_error
+from cutegen.evaluate.failure import classify_error, describe_error
 from cutegen.evaluate.verdict import crash_line, died_feedback, error_failure
 
 

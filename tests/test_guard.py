@@ -428,6 +428,7 @@ from cutegen.evaluate import guard
 scratch = sys.argv[1]
 os.chdir(scratch)
 read = guard.install(os.path.join(scratch, "candidate.py"), scratch, trusted=[os.path.dirname(__file__)])
+sys.dont_write_bytecode = False  # the candidate's imports would cache bytecode beside trusted modules
 spec = importlib.util.spec_from_file_location("candidate", os.path.join(scratch, "candidate.py"))
 candidate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(candidate)
@@ -447,6 +448,10 @@ for name in sys.argv[2:]:
         outcome = "recorded: " + recorded[0]
     outcomes[name] = outcome
 outcomes["_findings"] = read()
+from cutegen.evaluate import protocol  # the worker's dispatch, after the candidate was refused something
+
+reply = protocol.run_command({"role": "candidate", "session": object()}, "weights", None)
+outcomes["_next_command"] = [reply["ok"], reply.get("error", {}).get("kind"), reply.get("error", {}).get("message")]
 print(json.dumps(outcomes))
 '''
 
@@ -538,6 +543,23 @@ def test_every_refusal_is_in_the_record_and_nothing_was_planted(outcomes):
     for expected in [*REFUSED.values(), *RECORDED.values()]:
         assert any(entry.startswith(expected) for entry in record), expected
     assert not (Path(outcomes["_trusted"]) / "planted.txt").exists()
+
+
+def test_once_refused_the_candidate_is_not_run_again(outcomes):
+    """A candidate that caught its refusal gains no further call: the worker answers the next candidate
+    command (here `weights`, whose session would build the model) with the refusal, unrun."""
+    ok, kind, message = outcomes["_next_command"]
+    assert not ok and kind == "guard_refused"
+    assert message.endswith("(the candidate is not run again)") and outcomes["_findings"][0] in message
+
+
+def test_bytecode_caches_of_trusted_modules_are_refused_quietly(outcomes):
+    """The candidate imported the trusted helper with bytecode caching on: importlib's cache folder and
+    file beside it are refused as the OS would refuse them (the import goes on, nothing is recorded);
+    its own module's cache, in its scratch directory, is written."""
+    assert not (Path(outcomes["_trusted"]) / "__pycache__").exists()
+    assert outcomes["h_gc_collect"] == "ok"  # the candidate's import went through
+    assert list((Path(outcomes["_trusted"]).parent / "scratch" / "__pycache__").glob("candidate.*.pyc"))
 
 
 # ------------------------------------------------------------------------ places and origins, in process

@@ -89,8 +89,7 @@ def test_an_honest_slow_kernel_is_accepted_with_the_clocks_agreeing(service, con
     assert "3 timed outputs checked" in names["timed_outputs"].detail
 
 
-@pytest.mark.parametrize("fixture, check", [("51_wrap_timing_function", "parent_clock"),
-                                            ("52_exit_in_timing", "worker_crashed"),
+@pytest.mark.parametrize("fixture, check", [("52_exit_in_timing", "worker_crashed"),
                                             ("53_honest_only_when_watched", "timed_outputs")])
 def test_timing_cheats_are_rejected_by_their_check(fixture, check, service, config):
     verdict = evaluate_candidate(CHEATS / f"{fixture}.py", load_task(SWISH), config, service)
@@ -138,3 +137,14 @@ def test_processes_outside_the_evaluator_are_told_from_its_own():
         child.kill()
     assert foreign == {4194301: int(2.5 * 2**30)}
     assert describe(foreign) == "1 other process(es) (4194301) holding 2.5 GiB"
+
+
+def test_a_timing_function_wrapped_at_import_is_never_called(service, config):
+    """Fixture 51 wraps the judge's timing function where it finds the module: either the judge's
+    own binding is untouched and the kernel is timed at its real cost (20 ms a call), or the wrapped
+    record is caught by the parent's clock."""
+    verdict = evaluate_candidate(CHEATS / "51_wrap_timing_function.py", load_task(SWISH), config, service)
+    if verdict.passed:  # the wrapper never ran: timed at its real cost
+        assert verdict.timing.median_ms >= 20.0
+    else:  # it ran on the timing module it found: the parent's clock saw the real time
+        assert verdict.failure == "parent_clock" and verdict.parent_clock_ratio > 3.0, verdict.feedback

@@ -70,11 +70,12 @@ from typing import Any, Callable
 from cutegen import prompt
 from cutegen.config import AgentConfig, EvalConfig, profiling_delay
 from cutegen.errors import TaskError
+from cutegen.evaluate.verdict import faster
 from cutegen.extract import BadReply, extract_candidate, idea_of
-from cutegen.journal import Journal, eval_key, from_json
+from cutegen.journal import Journal, eval_key
 from cutegen.knowledge import pitfalls_for
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
-from cutegen.records import Candidate, EvaluateRetry, Reply, Request, Step, Task, TaskResult, Verdict, to_json
+from cutegen.records import Candidate, EvaluateRetry, Reply, Request, Step, Task, TaskResult, Verdict, from_json, to_json
 
 EXIT_DONE = 0
 EXIT_WAITING = 75
@@ -594,23 +595,6 @@ def _profile_due(schedule: str, round_number: int) -> bool:
     round 1 with "immediate", from round K+1 with "delayed:K"."""
     delay = profiling_delay(schedule)
     return delay is not None and round_number > delay
-
-
-def required_gain(new: Verdict, best: Verdict, min_gain: float) -> float:
-    """The relative gain that counts: `min_gain`, or the baseline's measured timing noise when that is
-    larger (a difference within the spread of two identical measurements is not a gain)."""
-    noise = max((v.noise_pct or 0.0) for v in (new, best)) / 100.0
-    return max(min_gain, noise)
-
-
-def faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
-    """`new` beats `best` by more than `required_gain` (relative), by median time, else by eager speedup."""
-    gain = required_gain(new, best, min_gain)
-    if new.timing is not None and best.timing is not None:
-        return new.timing.median_ms < best.timing.median_ms * (1.0 - gain)
-    if new.speedup_vs_eager is not None and best.speedup_vs_eager is not None:
-        return new.speedup_vs_eager > best.speedup_vs_eager * (1.0 + gain)
-    return False
 
 
 def target_reached(verdict: Verdict, target: float) -> str | None:

@@ -229,9 +229,9 @@ def result_from_verdict(task: Task, verdict: Verdict | None, *, sample_id: int |
 
 def best_flags(steps: list[Step], min_gain: float) -> list[bool]:
     """Which steps became the task's best, as the agent decided it: passing candidates in step order,
-    each taking over when faster than the best so far by the required gain (agent.faster). Steps of a
+    each taking over when faster than the best so far by the required gain (evaluate.verdict.faster). Steps of a
     batch may each be `improved` (faster than the best the batch started from); one wins."""
-    from cutegen.agent import faster
+    from cutegen.evaluate.verdict import faster
 
     flags, best = [], None
     for step in steps:

@@ -9,7 +9,8 @@ copied to another machine and resumed there):
     replies/<sha>.md     reply texts
     candidates/<sha>.py  candidate sources (sha256 of the normalised source)
     logs/<sha>.txt       evaluator log tails
-    best/<task>.py       the best correct ModelNew of each task (written at the end of a session)
+    best/<task>.py       the best correct ModelNew of each task (written at the end of a session:
+                         report.write_outputs)
     report.md            the run report (idem)
     exchange/            request and reply files of the `exchange` provider, when used
 
@@ -268,30 +269,3 @@ def load_run(journal: Journal) -> RunSetup:
                           source_sha256=entry["source_sha256"], level=entry["level"], problem_id=entry["problem_id"]))
     return RunSetup(run_id=record["run_id"], model=record["model"], agent=record["agent"],
                     evaluation=record["evaluation"], tasks=tuple(tasks))
-
-
-def write_outputs(journal: Journal, results: list) -> None:
-    """best/<task>.py (a drop-in ModelNew per task), summary.json and report.md."""
-    from cutegen.bench import trajectory
-    from cutegen.config import AgentConfig
-    from cutegen.prompt import render_template
-    from cutegen.report import tree_lines
-
-    setup = load_run(journal)
-    for result in results:
-        if result.best_sha256:
-            best = journal.run_dir / "best" / f"{task_file_name(result.task_id)}.py"
-            best.parent.mkdir(exist_ok=True)
-            best.write_text(journal.read_text(f"candidates/{result.best_sha256}.py"), encoding="utf-8")
-    totals = journal.totals()
-    summary = {"run_id": setup.run_id, "model": setup.model, "totals": totals, "tasks": to_json(results)}
-    (journal.run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    replies = [r["reply"] for r in journal.of_kind("reply") if r.get("reply")]
-    steps = {t.task_id: journal.steps(t.task_id) for t in setup.tasks}
-    min_gain = setup.agent.get("min_gain", AgentConfig.min_gain)
-    report = render_template(
-        "run_report.md.j2", setup=setup, results=results, totals=totals, steps=steps,
-        recorded=any(r.get("recorded") for r in replies), exits=journal.of_kind("exit"),
-        trees={task_id: tree_lines(trajectory(task_steps, min_gain)) for task_id, task_steps in steps.items()},
-    )
-    (journal.run_dir / "report.md").write_text(report, encoding="utf-8")

@@ -16,6 +16,9 @@ the project (evaluation, bench --evaluate) never needs it.
                   (generate, repair, optimize), failed steps on the bottom band, and a star where
                   the prompt carried profiler feedback
 
+The outputs of one agent run (`write_outputs`: best/<task>.py, summary.json and report.md) are
+written here too, at the end of each session.
+
 Besides the plots, each agent task's search tree (which proposal led where: a step under the
 candidate it started from, with its outcome and the idea the model said it tried) is listed.
 """
@@ -24,14 +27,18 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutegen.bench import budget_curve, fast_p, geomean, primary_results, search_tree
-from cutegen.records import BenchRun, BenchTaskResult, GroupSummary
+from cutegen.bench import budget_curve, fast_p, geomean, primary_results, search_tree, trajectory
+from cutegen.config import AgentConfig
+from cutegen.journal import Journal, load_run, task_file_name
+from cutegen.prompt import render_template
+from cutegen.records import BenchRun, BenchTaskResult, GroupSummary, to_json
 
 REPORT_MD = "bench-report.md"
 REPORT_HTML = "bench-report.html"
@@ -480,3 +487,28 @@ def summary_rows(summary: GroupSummary) -> dict[str, str]:
             "mean": _fmt_x(summary.mean_speedup_eager), "geo_c": _fmt_x(summary.geomean_speedup_compile),
             "mean_c": _fmt_x(summary.mean_speedup_compile), "sol": _fmt_pct(summary.median_sol_fraction),
             "cost": _fmt_usd(summary.cost_usd), "gpu": f"{summary.gpu_s:.0f}", "calls": str(summary.llm_calls)}
+
+
+# ------------------------------------------------------------------------------ an agent run's outputs
+
+
+def write_outputs(journal: Journal, results: list) -> None:
+    """best/<task>.py (a drop-in ModelNew per task), summary.json and report.md."""
+    setup = load_run(journal)
+    for result in results:
+        if result.best_sha256:
+            best = journal.run_dir / "best" / f"{task_file_name(result.task_id)}.py"
+            best.parent.mkdir(exist_ok=True)
+            best.write_text(journal.read_text(f"candidates/{result.best_sha256}.py"), encoding="utf-8")
+    totals = journal.totals()
+    summary = {"run_id": setup.run_id, "model": setup.model, "totals": totals, "tasks": to_json(results)}
+    (journal.run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    replies = [r["reply"] for r in journal.of_kind("reply") if r.get("reply")]
+    steps = {t.task_id: journal.steps(t.task_id) for t in setup.tasks}
+    min_gain = setup.agent.get("min_gain", AgentConfig.min_gain)
+    report = render_template(
+        "run_report.md.j2", setup=setup, results=results, totals=totals, steps=steps,
+        recorded=any(r.get("recorded") for r in replies), exits=journal.of_kind("exit"),
+        trees={task_id: tree_lines(trajectory(task_steps, min_gain)) for task_id, task_steps in steps.items()},
+    )
+    (journal.run_dir / "report.md").write_text(report, encoding="utf-8")

@@ -192,38 +192,6 @@ def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any, li
     return status
 
 
-def log_line(text: str) -> None:
-    """One event in a log (stdout is not a terminal): the time, then the event on one plain line, flushed."""
-    typer.echo(f"{time.strftime('%H:%M:%S')} {' '.join(text.split())}")
-    sys.stdout.flush()
-
-
-def step_printer() -> Any:
-    """An Agent on_step callback logging one line per finished step (bench.step_line)."""
-    from cutegen import bench
-
-    def on_step(step: Any) -> None:
-        label = f"{step.stage}" + (f" (round {step.round})" if step.round else "")
-        log_line(bench.step_line(step.task_id, label, step.verdict, step.bad_reply and f"unusable reply:"
-                                                                                     f" {step.bad_reply}"))
-
-    return on_step
-
-
-def task_end_printer() -> Any:
-    """An on_progress helper logging one line when a task stops (bench.task_end_line), once per task."""
-    from cutegen import bench
-
-    logged: set[str] = set()
-
-    def on_progress(result: Any) -> None:
-        if result.status != "running" and result.task_id not in logged:
-            logged.add(result.task_id)
-            log_line(bench.task_end_line(result))
-
-    return on_progress
-
-
 def _progress_title(progress: Any) -> str:
     snap = progress.snapshot()
     eta = _duration(snap.eta_s) if snap.eta_s is not None else "-"

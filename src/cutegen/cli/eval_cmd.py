@@ -35,19 +35,6 @@ def _eval_config(**fields: Any) -> Any:
     return EvalConfig(cache_dir=env.cache_root() / "eval", runtime=env.runtime_config(), **fields)
 
 
-def _one_task(path: Path, select: str | None) -> Any:
-    from cutegen.errors import ConfigError
-    from cutegen.tasks import load_tasks
-
-    tasks = load_tasks(path, select)
-    if len(tasks) != 1:
-        listed = ", ".join(t.task_id for t in tasks[:5]) + (" ..." if len(tasks) > 5 else "")
-        raise ConfigError(f"--task {path} {'with --select ' + select if select else ''} names {len(tasks)}"
-                          f" tasks ({listed}); a candidate is judged against exactly one.",
-                          "Pass a task file, or a suite with --select naming one task (e.g. level1/19).")
-    return tasks[0]
-
-
 @app.command("eval")
 def eval_command(
     candidate: Path = typer.Argument(..., help="Python file defining class ModelNew(nn.Module)."),

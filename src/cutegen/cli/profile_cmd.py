@@ -21,17 +21,6 @@ EXIT_UNAVAILABLE = 1
 stderr = Console(stderr=True)
 
 
-def _one_task(path: Path, select: str | None):
-    from cutegen.errors import ConfigError
-    from cutegen.tasks import load_tasks
-
-    tasks = load_tasks(path, select)
-    if len(tasks) != 1:
-        raise ConfigError(f"--task {path} names {len(tasks)} tasks; a candidate is profiled for exactly one.",
-                          "Pass a task file, or a suite with --select naming one task (e.g. level1/19).")
-    return tasks[0]
-
-
 @app.command("profile")
 def profile_command(
     candidate: Path = typer.Argument(..., help="Python file defining class ModelNew(nn.Module)."),

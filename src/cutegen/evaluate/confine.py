@@ -58,7 +58,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import site
 import sys
 import threading
@@ -248,7 +247,7 @@ def build_reported(reply: dict[str, Any], runtime: RuntimeConfig, timeout_s: flo
     each nvcc run; one past it is a `build_timeout`, as a build worker killed at the timeout was.
     A failed or malformed reply comes back as a failure."""
     from cutegen.errors import BuildError, ConfigError
-    from cutegen.evaluate.protocol import describe_error
+    from cutegen.evaluate.failure import describe_error
     from cutegen.runtime import build_library
 
     if not reply.get("ok"):

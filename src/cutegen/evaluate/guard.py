@@ -241,9 +241,10 @@ def _inside(path: object, folders: tuple[str, ...]) -> bool:
 
 
 def _pyc(path: object) -> bool:
-    """A bytecode cache file (or importlib's temporary name for one)."""
+    """A bytecode cache file (or importlib's temporary name for one), or the folder of such files."""
     resolved = _resolved(path) or ""
-    return f"{os.sep}__pycache__{os.sep}" in resolved and ".pyc" in os.path.basename(resolved)
+    return os.path.basename(resolved) == "__pycache__" or \
+        (f"{os.sep}__pycache__{os.sep}" in resolved and ".pyc" in os.path.basename(resolved))
 
 
 class Judge:
@@ -252,7 +253,7 @@ class Judge:
     def __init__(self, where: Places, originals: dict[str, Callable[..., Any]]) -> None:
         self.where = where
         self.origins = Origins(where)
-        self.originals = originals  # the replaced builtins (install_replacements)
+        self.originals = originals  # the replaced builtins (_replace_builtins)
         self.refusals: list[str] = []
         self.count = 0
         self.loaders = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
@@ -367,6 +368,8 @@ class Judge:
         outside = [p for p in paths if isinstance(p, (str, bytes, os.PathLike)) and not _inside(p, self.where.writable)]
         if not outside or self.asker(frame)[0] != CANDIDATE:
             return None
+        if event == "os.mkdir" and _pyc(outside[0]):  # importlib making a bytecode cache folder: quietly
+            raise PermissionError(13, "bytecode caches are read-only to candidate code", os.fsdecode(outside[0]))
         return f"a change outside the scratch directory ({outside[0]})"
 
     # -- code the candidate makes
@@ -480,7 +483,8 @@ def _same_text(source: bytes | str, filename: str) -> bool:
     return data == (source.encode("utf-8") if isinstance(source, str) else source)
 
 
-def install(candidate_file: str | Path, scratch: str | Path, trusted: Iterable[str | Path] = ()) -> Callable[[], list[str]]:
+def install(candidate_file: str | Path, scratch: str | Path,
+            trusted: Iterable[str | Path] = ()) -> Callable[[], list[str]]:
     """Install the hook for a candidate whose file is `candidate_file` and whose writes may go to
     `scratch` (and /dev); `trusted` adds folders of trusted code (tests). Returns `findings`. An audit
     hook cannot be removed: one candidate per worker process, as the worker serves."""
@@ -568,8 +572,8 @@ def _replace_builtins() -> dict[str, Callable[..., Any]]:
     import _signal
     import _thread
 
-    plan = {"start_new_thread": (_thread.start_new_thread, _guarded_start_new_thread,
-                                 [(_thread, "start_new_thread"), (_thread, "start_new"), (threading, "_start_new_thread")]),
+    thread_holders = [(_thread, "start_new_thread"), (_thread, "start_new"), (threading, "_start_new_thread")]
+    plan = {"start_new_thread": (_thread.start_new_thread, _guarded_start_new_thread, thread_holders),
             "signal": (_signal.signal, _guarded_signal, [(_signal, "signal")]),
             "create_builtin": (_imp.create_builtin, _guarded_create_builtin, [(_imp, "create_builtin")])}
     originals = {}

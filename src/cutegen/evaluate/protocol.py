@@ -18,12 +18,11 @@ Every command replies with raw measurements (JSON) or a described error; the par
 from __future__ import annotations
 
 import gc
-import os
-import re
 import sys
 import time
-import traceback
 from typing import Any, Callable
+
+from cutegen.evaluate.failure import describe_error
 
 REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",

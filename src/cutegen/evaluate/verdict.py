@@ -141,3 +141,23 @@ def timing_feedback(timing: TimingStats, fields: dict[str, Any], errors: ErrorSt
     if fields.get("noise_pct") is not None:
         parts.append(f"Baseline noise: {fields['noise_pct']:.1f}%.")
     return " ".join(parts)
+
+
+# ------------------------------------------------------------------ which of two verdicts is faster
+
+
+def required_gain(new: Verdict, best: Verdict, min_gain: float) -> float:
+    """The relative gain that counts: `min_gain`, or the baseline's measured timing noise when that is
+    larger (a difference within the spread of two identical measurements is not a gain)."""
+    noise = max((v.noise_pct or 0.0) for v in (new, best)) / 100.0
+    return max(min_gain, noise)
+
+
+def faster(new: Verdict, best: Verdict, min_gain: float) -> bool:
+    """`new` beats `best` by more than `required_gain` (relative), by median time, else by eager speedup."""
+    gain = required_gain(new, best, min_gain)
+    if new.timing is not None and best.timing is not None:
+        return new.timing.median_ms < best.timing.median_ms * (1.0 - gain)
+    if new.speedup_vs_eager is not None and best.speedup_vs_eager is not None:
+        return new.speedup_vs_eager > best.speedup_vs_eager * (1.0 + gain)
+    return False
