@@ -1,12 +1,9 @@
 """What the worker's audit hook (src/cutegen/evaluate/guard.py) costs per event, on this machine's CPU.
 
-Every kernel launch of a CuTe candidate is a ctypes foreign call from cutegen.runtime (launch.py), and
-every foreign call raises the `ctypes.call_function` audit event: the hook's cost on that path is what
-each launch pays. Measured here on a foreign call of the same kind (libc's getpid through ctypes, from
-a function in a trusted place, as launch.py is), with and without the hook, each in a fresh process;
-also an event the hook ignores (`builtins.id`) and one it judges for trusted code (`sys._getframe`).
-With --cuda, also a real CuTe launch: the honest CuTe twin's forward (one kernel launch through
-cutegen.runtime) timed over many calls (needs nvcc and a GPU).
+Each CuTe kernel launch is a ctypes foreign call from cutegen.runtime: timed here on the same kind of call
+(libc's getpid from a trusted file), bare, under an empty hook and under the guard, each in a fresh process;
+also an event the hook ignores (`id`) and one it judges (`sys._getframe`). --cuda adds the honest CuTe
+twin's forward (one launch through cutegen.runtime; needs nvcc and a GPU).
 
     python3 bench/guard_cost.py [--calls N] [--cuda] [--out bench/results/guard-cost-cpu.md]
 """
@@ -45,30 +42,16 @@ def _measure(calls: int) -> dict[str, float]:
     getpid.restype = ctypes.c_int
     frame = sys._getframe
 
-    def foreign(n: int) -> None:
-        for _ in range(n):
-            getpid()
+    def loop(call):  # one Python call per iteration in every loop, the empty one included, taken off below
+        def run(n: int) -> None:
+            for _ in range(n):
+                call()
+        return run
 
-    def lookup(n: int) -> None:
-        for _ in range(n):
-            libc["getpid"]  # a symbol looked up again: the ctypes.dlsym event
-
-    def ignored(n: int) -> None:
-        for _ in range(n):
-            id(n)
-
-    def frames(n: int) -> None:
-        for _ in range(n):
-            frame()
-
-    def empty(n: int) -> None:
-        for _ in range(n):
-            pass
-
-    base = _best_ns(empty, calls)
-    return {name: _best_ns(loop, calls) - base for name, loop in
-            (("ctypes_call_ns", foreign), ("ctypes_dlsym_ns", lookup), ("ignored_event_ns", ignored),
-             ("judged_event_ns", frames))}
+    base = _best_ns(loop(lambda: None), calls)
+    return {name: _best_ns(loop(call), calls) - base for name, call in
+            (("ctypes_call_ns", getpid), ("ctypes_dlsym_ns", lambda: libc["getpid"]),  # lookup: ctypes.dlsym
+             ("ignored_event_ns", lambda: id(libc)), ("judged_event_ns", frame))}
 
 
 def _measure_launch(calls: int) -> dict[str, float]:
@@ -137,14 +120,11 @@ def report(calls: int, cuda: bool) -> str:
         "| --- | --- | --- | --- |",
         *rows,
         "",
-        "ctypes_call_ns: a foreign call from trusted code (each CuTe kernel launch is one; Python 3.11 raises",
-        "no audit event for it, so the hook is not called);",
-        "ctypes_dlsym_ns: a symbol looked up from trusted code (`ctypes.dlsym`: the hook's one-lookup path for",
-        "trusted ctypes use; the timing loop's persisting-L2 reset loads libcudart and two symbols per call);",
-        "ignored_event_ns: `id()`, an event the hook returns from at its first lookup;",
-        "judged_event_ns: `sys._getframe()` from trusted code (the hook walks to the first trusted frame);",
-        "cute_forward_ns / cute_forward_events (--cuda): a forward of the honest CuTe twin (one launch through",
-        "cutegen.runtime), and the audit events it raises.",
+        "ctypes_call_ns: a foreign call from trusted code (each CuTe launch is one; Python 3.11 raises no audit event for it);",
+        "ctypes_dlsym_ns: a symbol looked up from trusted code through `CDLL.__getitem__` (the hook walks past ctypes's",
+        "frames to the trusted caller; the timing loop looks its symbols up once); ignored_event_ns: `id()`, an event",
+        "the hook returns from at once; judged_event_ns: `sys._getframe()` from trusted code; cute_forward_ns /",
+        "cute_forward_events (--cuda): a forward of the honest CuTe twin (one launch) and the audit events it raises.",
         "",
     ])
 

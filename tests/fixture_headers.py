@@ -52,3 +52,19 @@ def task_path(path: Path, repo: Path) -> Path:
     if named:
         return repo / named.group(1)
     return repo / "examples" / "tasks" / f"{path.stem.removesuffix('_cute')}.py"
+
+
+def fixtures_by_check(repo: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """For each `caught-by` name of tests/fixtures/cheats/: the cheat fixtures that name it and the honest
+    twins they name (repo-relative paths, sorted). The registry of checks (cutegen.evaluate.checks)
+    lists no fixtures: this is where a check's fixtures are read, from the one place each says it."""
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for path in sorted((repo / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py")):
+        fields = header(path)
+        cheats, twins = found.setdefault(fields.get("caught-by", ""), ([], []))
+        cheats.append(path.relative_to(repo).as_posix())
+        if fields.get("twin") and fields["twin"] not in twins:
+            twins.append(fields["twin"])
+    for cheats, twins in found.values():
+        twins.sort()
+    return found

@@ -462,13 +462,13 @@ def test_a_reference_that_holds_far_more_than_it_keeps_after_its_baselines_is_re
     once: a second one is kept whatever it holds."""
     from types import SimpleNamespace
 
-    from cutegen.evaluate import baselines, service
+    from cutegen.evaluate import service
     from cutegen.evaluate.service import ReferenceProcess
 
     gib = 1 << 30
     config = EvalConfig(device="cpu", backend="torch")  # 5 trials + 1 heavy-tailed, 2 weight seeds
     monkeypatch.setattr(service, "_trace_bytes", lambda task: (7 * gib, 7 * gib, 0))  # level1/36's sizes
-    monkeypatch.setattr(baselines, "measure_in_reference", lambda *args: (None, None))
+    monkeypatch.setattr(service, "measure_in_reference", lambda *args: (None, None))
     lane = Evaluator("cpu").lanes[0]
     started: list[str] = []
     closed: list[str] = []

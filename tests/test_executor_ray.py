@@ -30,9 +30,9 @@ from cutegen import bench  # noqa: E402
 from cutegen.agent import EXIT_DONE, Agent  # noqa: E402
 from cutegen.config import AgentConfig, EvalConfig, ExecutorConfig, ProviderSettings  # noqa: E402
 from cutegen.evaluate.ray_executor import RayExecutor  # noqa: E402
-from cutegen.journal import Journal, from_json, load_run, start_run  # noqa: E402
+from cutegen.journal import Journal, load_run, start_run  # noqa: E402
 from cutegen.llm import provider_from_spec  # noqa: E402
-from cutegen.records import TimingStats, Verdict  # noqa: E402
+from cutegen.records import TimingStats, Verdict, from_json  # noqa: E402
 from cutegen.tasks import load_task, load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,8 @@ def test_an_evaluate_suite_on_ray_gives_the_local_verdicts(suites):
     assert len(remote) == 3  # the driver wrote each verdict once
     outcome = [(v.candidate_sha256, v.passed, v.stage, v.failure) for v in local]
     assert [(v.candidate_sha256, v.passed, v.stage, v.failure) for v in remote] == outcome
-    assert [o[1:] for o in outcome] == [(True, "timing", None), (False, "correctness", "compare_outputs"),
+    # The heap walk of fixture 40 is refused by the worker's audit hook before its zeros are compared.
+    assert [o[1:] for o in outcome] == [(True, "timing", None), (False, "correctness", "guard_refused"),
                                         (False, "static", "check_no_concurrency")]
     def checks(verdict: Verdict) -> list[tuple[str, bool]]:  # a noisy CPU speedup may add a review note
         return [(c.name, c.passed) for c in verdict.checks if c.name != "speedup_review"]

@@ -10,15 +10,8 @@ import pytest
 
 from cutegen.config import AgentConfig, Budget, EvalConfig, RuntimeConfig
 from cutegen.errors import ConfigError
-from cutegen.journal import (
-    SCHEMA_VERSION,
-    Journal,
-    eval_key,
-    from_json,
-    load_run,
-    start_run,
-)
-from cutegen.records import CheckResult, ErrorStats, Finding, Reply, Step, TimingStats, Verdict, to_json
+from cutegen.journal import SCHEMA_VERSION, Journal, eval_key, load_run, start_run
+from cutegen.records import CheckResult, ErrorStats, Finding, Reply, Step, TimingStats, Verdict, from_json, to_json
 from cutegen.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]

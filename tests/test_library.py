@@ -20,7 +20,6 @@ from cutegen.library import (
     SCHEMA_VERSION,
     KernelLibrary,
     arch_name,
-    entry_from_verdict,
     examples_for_task,
     export_entry,
     provenance,

@@ -70,12 +70,18 @@ from typing import Any, Callable
 from cutegen import prompt
 from cutegen.config import AgentConfig, EvalConfig, profiling_delay
 from cutegen.errors import TaskError
+from cutegen.evaluate.executor import LocalExecutor
+from cutegen.evaluate.pipeline import NeedsDevice
 from cutegen.evaluate.verdict import faster
 from cutegen.extract import BadReply, extract_candidate, idea_of
 from cutegen.journal import Journal, eval_key
-from cutegen.knowledge import pitfalls_for
+from cutegen.knowledge import pitfalls_for, select_knowledge, task_dtypes
+from cutegen.library import examples_for_task, provenance, task_signature
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
-from cutegen.records import Candidate, EvaluateRetry, Reply, Request, Step, Task, TaskResult, Verdict, from_json, to_json
+from cutegen.records import (
+    Candidate, EvaluateRetry, Reply, Request, Step, Task, TaskResult, Verdict, from_json, to_json,
+)
+from cutegen.trace import trace_task
 
 EXIT_DONE = 0
 EXIT_WAITING = 75
@@ -191,8 +197,6 @@ class Agent:
         self._calls = asyncio.Semaphore(self.cfg.concurrency)
         own = self.executor is None
         if own:  # no process starts until the first evaluation that is not in the journal
-            from cutegen.evaluate.executor import LocalExecutor
-
             self.executor = LocalExecutor(self.eval_config)
         # Threads in front of the executor: more than its GPU lanes, so that candidates build in its CPU
         # pools while another holds a GPU; a batch of side-by-side proposals needs one each.
@@ -456,7 +460,6 @@ class Agent:
     def _evaluate_recorded(self, key: str, candidate: Candidate, path: str, task: Task) -> Verdict | None:
         """The verdict, or None when the candidate passed what this machine can run and needs a GPU
         (split execution: static checks and the build run here; a failure there is a verdict)."""
-        from cutegen.evaluate.pipeline import NeedsDevice
 
         available = self.gpu_available()
         if available:
@@ -540,9 +543,6 @@ class Agent:
     # ------------------------------------------------------------------------------ state
 
     def _new_state(self, task: Task) -> _TaskState:
-        from cutegen.knowledge import select_knowledge, task_dtypes
-        from cutegen.trace import trace_task
-
         traced = trace_task(task)
         trace = prompt.trace_context(traced)
         knowledge = select_knowledge(trace["workload_class"], trace["aten_ops"], dtypes=task_dtypes(task),
@@ -551,8 +551,6 @@ class Agent:
         tolerances = prompt.tolerances(self.eval_config, tuple(trace["output_dtypes"]))
         st = _TaskState(task=task, trace=trace, knowledge=knowledge, tolerances=tolerances)
         if self.library is not None:
-            from cutegen.library import examples_for_task, task_signature
-
             st.signature = task_signature(task, traced)
             st.examples = examples_for_task(self.journal, task, st.signature, self.library, k=self.cfg.library_examples,
                                             same_task=self.cfg.library_same_task, backend=self.eval_config.backend,
@@ -561,7 +559,6 @@ class Agent:
 
     def _add_to_library(self, step: Step) -> None:
         """An accepted kernel joins the library as soon as its step is journaled (a killed run keeps it)."""
-        from cutegen.library import provenance
 
         run = self.journal.run_record()
         st = self.states[step.task_id]

@@ -47,17 +47,14 @@ from typing import Any, Callable, Iterable
 
 from cutegen.config import AgentConfig, EvalConfig
 from cutegen.errors import ConfigError, TaskError
+from cutegen.evaluate.executor import LocalExecutor
+from cutegen.evaluate.verdict import faster
+from cutegen.journal import JOURNAL, Journal, eval_key, load_run as load_agent_run, task_file_name
+from cutegen.prompt import measurements
 from cutegen.records import (
-    EVAL_STAGES,
-    BenchRun,
-    BenchTaskResult,
-    GroupSummary,
-    Step,
-    Task,
-    TrajectoryPoint,
-    Verdict,
-    to_json,
+    EVAL_STAGES, BenchRun, BenchTaskResult, GroupSummary, Step, Task, TrajectoryPoint, Verdict, from_json, to_json,
 )
+from cutegen.tasks import normalize_source, source_sha256
 
 SCHEMA_VERSION = 1
 BENCH_META = "bench.json"
@@ -231,7 +228,6 @@ def best_flags(steps: list[Step], min_gain: float) -> list[bool]:
     """Which steps became the task's best, as the agent decided it: passing candidates in step order,
     each taking over when faster than the best so far by the required gain (evaluate.verdict.faster). Steps of a
     batch may each be `improved` (faster than the best the batch started from); one wins."""
-    from cutegen.evaluate.verdict import faster
 
     flags, best = [], None
     for step in steps:
@@ -352,10 +348,8 @@ def agent_task_result(journal: Any, task: Task) -> BenchTaskResult:
 
 def agent_results(run_dir: Path) -> list[BenchTaskResult]:
     """Every task of an agent run directory, in the run's task order."""
-    from cutegen.journal import Journal, load_run
-
     journal = Journal.open(run_dir)
-    return [agent_task_result(journal, task) for task in load_run(journal).tasks]
+    return [agent_task_result(journal, task) for task in load_agent_run(journal).tasks]
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -452,7 +446,6 @@ def write_results(run_dir: Path, results: list[BenchTaskResult], *, kind: str, m
 def load_run(path: Path) -> BenchRun:
     """A suite run for reports: recomputed from the journal of an agent run (so an unfinished or an
     `optimize` run works too), read from results.json otherwise."""
-    from cutegen.journal import JOURNAL, from_json
 
     path = Path(path)
     if (path / JOURNAL).is_file():
@@ -471,9 +464,6 @@ def load_run(path: Path) -> BenchRun:
 
 
 def _agent_run(path: Path) -> BenchRun:
-    from cutegen.journal import Journal
-    from cutegen.journal import load_run as load_agent_run
-
     journal = Journal.open(path)
     setup = load_agent_run(journal)
     results = tuple(agent_task_result(journal, task) for task in setup.tasks)
@@ -496,7 +486,6 @@ def _sample_of(name: str, task: Task) -> int | None:
     name a run directory's best/ folder uses (`level1_19.py`, sample 0), `<stem>_sample_<S>.py`, and
     for suite tasks KernelBench's generation naming `level_<L>_problem_<P>_sample_<S>_kernel.py`.
     """
-    from cutegen.journal import task_file_name
 
     if name in (f"{task.name}.py", f"{task_file_name(task.task_id)}.py"):
         return 0
@@ -545,8 +534,6 @@ class _VerdictLog:
     """verdicts.jsonl: the finished evaluations of an --evaluate directory, appended and fsynced."""
 
     def __init__(self, out_dir: Path) -> None:
-        from cutegen.journal import from_json
-
         self.path = Path(out_dir) / VERDICTS
         self.lock = threading.Lock()
         self.done: dict[str, dict] = {}
@@ -573,9 +560,6 @@ class _VerdictLog:
 
 
 def _jobs(tasks: list[Task], found: dict[tuple[str, int], Path], out_dir: Path, config: EvalConfig) -> list[_Job]:
-    from cutegen.journal import eval_key
-    from cutegen.tasks import normalize_source, source_sha256
-
     by_id = {t.task_id: t for t in tasks}
     jobs = []
     for (task_id, sample), path in sorted(found.items()):
@@ -614,7 +598,6 @@ def evaluate_suite(tasks: list[Task], folder: Path, out_dir: Path, config: EvalC
     of the evaluations still running each time `waiting_s` pass without a verdict (a log that says
     nothing for minutes looks like a hang).
     """
-    from cutegen.evaluate.executor import LocalExecutor
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -769,7 +752,6 @@ class ProgressSnapshot:
 def step_line(task_id: str, label: str, verdict: Verdict | None, note: str | None = None) -> str:
     """One line for a log about one finished step or evaluation: task, stage, verdict, speedups and
     the seconds of each evaluation step (the GPU lane's and the build's)."""
-    from cutegen.prompt import measurements
 
     if verdict is None:
         return f"{task_id} {label}: {note or 'no verdict'}"

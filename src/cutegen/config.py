@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cutegen.errors import ConfigError
+
 
 def default_cache_root() -> Path:
     """Where builds and cached measurements live unless a setting says otherwise."""
@@ -125,8 +127,6 @@ class AgentConfig:
     library_same_task: bool = False
 
     def __post_init__(self) -> None:
-        from cutegen.errors import ConfigError
-
         for name in ("rounds", "repairs", "patience", "max_tokens", "library_examples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"Agent setting {name}={getattr(self, name)} is negative.", f"Give {name} >= 0.")
@@ -166,7 +166,6 @@ SEARCH_HELP = ("Use single (one kernel refined round by round), best-of:N (N gen
 
 def search_policy(text: str) -> SearchPolicy:
     """"single" -> (1, 1, 1); "best-of:N" -> (N, 1, 1); "beam:W,K" -> (1, W, K). ConfigError otherwise."""
-    from cutegen.errors import ConfigError
 
     kind, _, args = text.strip().lower().partition(":")
     numbers = [a.strip() for a in args.split(",")] if args else []
@@ -184,7 +183,6 @@ def search_policy(text: str) -> SearchPolicy:
 
 def profiling_delay(schedule: str) -> int | None:
     """Rounds the profile is withheld for: "none" -> None, "immediate" -> 0, "delayed:K" -> K."""
-    from cutegen.errors import ConfigError
 
     text = schedule.strip().lower()
     if text == "none":
@@ -208,8 +206,8 @@ TRACKS = ("fp32", "tf32")
 # kernels, and the CuTe-or-not ablation), "torch" PyTorch ops (tests and ablations of the workflow).
 BACKENDS = ("cute", "cuda", "torch")
 # The backends whose compute must run in the candidate's own kernels: every "own kernels" check (the
-# forward allow-list, the op and kernel audits...) applies to these; each check's table says which
-# (checks_static.STATIC_CHECK_BACKENDS, anticheat.DYNAMIC_CHECK_BACKENDS).
+# forward allow-list, the op and kernel audits...) applies to these; the registry of checks says which
+# (evaluate/checks.py, read by checks_static.STATIC_CHECK_BACKENDS and anticheat.DYNAMIC_CHECK_BACKENDS).
 OWN_KERNEL_BACKENDS = frozenset({"cute", "cuda"})
 DEVICES = ("cuda", "cpu")
 CONFINEMENTS = ("auto", "hashes")
@@ -276,8 +274,6 @@ class EvalConfig:
     log_tail_bytes: int = 16384
 
     def __post_init__(self) -> None:
-        from cutegen.errors import ConfigError
-
         for name, value, allowed in (("track", self.track, TRACKS), ("backend", self.backend, BACKENDS),
                                      ("device", self.device, DEVICES), ("confinement", self.confinement, CONFINEMENTS)):
             if value not in allowed:
@@ -335,8 +331,6 @@ class ExecutorConfig:
     start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        from cutegen.errors import ConfigError
-
         if self.kind not in EXECUTORS:
             raise ConfigError(f"Executor {self.kind!r} is not one of {', '.join(EXECUTORS)}.",
                               "Pass --executor local, or --executor ray[:ADDRESS] for a Ray cluster.")
@@ -348,7 +342,6 @@ class ExecutorConfig:
 
 def parse_executor(spec: str, resource: str | None = None) -> ExecutorConfig:
     """`local`, `ray` or `ray:ADDRESS` (e.g. ray:10.0.0.5:6379) as an ExecutorConfig."""
-    from cutegen.errors import ConfigError
 
     kind, _, address = spec.strip().partition(":")
     if kind not in EXECUTORS or (kind == "local" and address):
@@ -386,8 +379,6 @@ class ProfileConfig:
     seed: int = 0  # inputs and weights of the profiled forward (profiling needs no secret seed)
 
     def __post_init__(self) -> None:
-        from cutegen.errors import ConfigError
-
         if self.forwards < 1 or self.max_launches < 1 or self.warmup < 0 or self.timeout_s <= 0:
             raise ConfigError(
                 f"Profile settings out of range (forwards={self.forwards}, max_launches={self.max_launches},"

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from importlib import resources
 from pathlib import Path
 
+from cutegen import bench
 from cutegen.errors import ConfigError
+from cutegen.journal import task_file_name
+from cutegen.prompt import render_template
 from cutegen.records import BenchRun, BenchTaskResult
 
 FORMATS = ("kernelbench", "torch-op")
@@ -33,7 +37,6 @@ FORMATS = ("kernelbench", "torch-op")
 
 def export_best(run_dir: Path, task: str, fmt: str) -> tuple[str, str]:
     """(exported source, default file name) for the best correct kernel of `task` in a run."""
-    from cutegen import bench
 
     if fmt not in FORMATS:
         raise ConfigError(f"Export format {fmt!r} is not one of {', '.join(FORMATS)}.",
@@ -48,7 +51,6 @@ def export_best(run_dir: Path, task: str, fmt: str) -> tuple[str, str]:
 
 def best_result(run: BenchRun, task: str) -> BenchTaskResult:
     """The task's fastest correct result (of its samples, for an --evaluate run)."""
-    from cutegen.journal import task_file_name
 
     mine = [r for r in run.results if task in (r.task_id, r.name, task_file_name(r.task_id))]
     if not mine:
@@ -80,8 +82,6 @@ def kernelbench_source(source: str, result: BenchTaskResult, run: BenchRun) -> s
 
 
 def torch_op_source(source: str, result: BenchTaskResult, run: BenchRun) -> str:
-    from cutegen.prompt import render_template
-
     body = _replace_runtime_import(source, _data("torch_op_runtime.py.txt"))
     op_name = re.sub(r"\W", "_", result.name).strip("_") + f"_{(result.candidate_sha256 or '')[:8]}"
     if not op_name[0].isalpha():
@@ -118,8 +118,6 @@ def _header(result: BenchTaskResult, run: BenchRun, what: str, note: str) -> str
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(text, width) or [""]
 
 

@@ -40,8 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutegen import __version__
 from cutegen.errors import ConfigError
-from cutegen.records import Step, Verdict, from_json, to_json
+from cutegen.records import Step, Task, Verdict, from_json, to_json
+from cutegen.tasks import source_sha256
 
 SCHEMA_VERSION = 1
 JOURNAL = "journal.jsonl"
@@ -239,7 +241,6 @@ def task_file_name(task_id: str) -> str:
 
 def start_run(journal: Journal, tasks: list, model: str, agent_config: Any, eval_config: Any) -> None:
     """Copy the tasks into the run directory and write the `run` record (the first line)."""
-    from cutegen import __version__
 
     entries = []
     for task in tasks:
@@ -254,8 +255,6 @@ def start_run(journal: Journal, tasks: list, model: str, agent_config: Any, eval
 
 def load_run(journal: Journal) -> RunSetup:
     """The run's settings and its tasks (read from the copies inside the run directory)."""
-    from cutegen.records import Task
-    from cutegen.tasks import source_sha256
 
     record = journal.run_record()
     tasks = []

@@ -47,6 +47,8 @@ from typing import Any
 
 from cutegen.errors import ConfigError
 from cutegen.records import WORKLOAD_CLASSES
+from cutegen.tasks import task_module
+from cutegen.trace import quiet_stdout
 
 # About 4,000 tokens: room for the core of the guide and the worked example of the task's class.
 DEFAULT_BUDGET_CHARS = 16_000
@@ -209,10 +211,7 @@ def select_knowledge(workload_class: str, aten_ops: Iterable[str] = (), *, dtype
 def task_dtypes(task: Any) -> tuple[str, ...]:
     """The floating dtypes of a task's inputs ("float32", "bfloat16"...), in first-seen order, found by
     calling its get_inputs() on the meta device (no memory, no compute); () when that fails."""
-    import torch
-
-    from cutegen.tasks import task_module
-    from cutegen.trace import quiet_stdout
+    import torch  # lazy: loading torch takes seconds
 
     try:
         module = task_module(task)

@@ -34,6 +34,7 @@ import datetime as _dt
 import json
 import math
 import random
+import re
 import sqlite3
 import time
 import warnings
@@ -41,19 +42,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from cutegen import __version__, bench, export
 from cutegen.config import OWN_KERNEL_BACKENDS, LibraryConfig
 from cutegen.errors import ConfigError
+from cutegen.journal import JOURNAL, Journal, load_run
 from cutegen.records import (
-    KernelMeasurement,
-    LibraryEntry,
-    LibraryExample,
-    Provenance,
-    Task,
-    TaskSignature,
-    TaskTrace,
-    Verdict,
-    to_json,
+    BenchRun, BenchTaskResult, KernelMeasurement, LibraryEntry, LibraryExample, Provenance, Task, TaskSignature,
+    TaskTrace, Verdict, from_json, to_json,
 )
+from cutegen.tasks import load_tasks, normalize_source, source_sha256, task_module
+from cutegen.trace import quiet_stdout, trace_task
 
 # Append-only: a released migration is never edited, a change of schema is a new one at the end.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -85,7 +83,6 @@ _PROVENANCE = ("origin", "model", "run_id", "added_utc", "cutegen_version")
 def task_signature(task: Task, trace: TaskTrace | None = None) -> TaskSignature:
     """The task's signature: its trace (`trace` when the caller has it) and its shapes, dtypes and
     non-tensor arguments, found by building it on the meta device (none when that fails)."""
-    from cutegen.trace import trace_task
 
     trace = trace or trace_task(task)
     return TaskSignature(op_class=trace.workload_class, aten_ops=tuple(trace.aten_ops), anchor_op=trace.anchor_op,
@@ -93,10 +90,7 @@ def task_signature(task: Task, trace: TaskTrace | None = None) -> TaskSignature:
 
 
 def _meta_shapes(task: Task) -> dict[str, tuple]:
-    import torch
-
-    from cutegen.tasks import task_module
-    from cutegen.trace import quiet_stdout
+    import torch  # lazy: loading torch takes seconds
 
     try:
         module = task_module(task)
@@ -139,8 +133,6 @@ def measurement_of(verdict: Verdict) -> KernelMeasurement:
 
 
 def provenance(origin: str, model: str | None = None, run_id: str | None = None) -> Provenance:
-    from cutegen import __version__
-
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return Provenance(origin=origin, model=model, run_id=run_id, added_utc=now, cutegen_version=__version__)
 
@@ -149,7 +141,6 @@ def new_entry(task: Task, signature: TaskSignature, source: str, *, backend: str
               device_name: str | None, measured: KernelMeasurement, where: Provenance,
               verdict: Verdict | None = None) -> LibraryEntry:
     """An entry for a kernel the evaluator accepted; the source is stored normalised, under its hash."""
-    from cutegen.tasks import normalize_source, source_sha256
 
     return LibraryEntry(content_sha256=source_sha256(source), task_id=task.task_id, task_name=task.name,
                         task_sha256=task.source_sha256, signature=signature, source=normalize_source(source),
@@ -162,7 +153,6 @@ def entry_from_verdict(task: Task, signature: TaskSignature, source: str, verdic
     """The entry of a passing verdict on `source`. A verdict that did not pass, or that judged another
     source, is refused: the library holds only kernels the evaluator accepted (the examples a model is
     shown are verified ones)."""
-    from cutegen.tasks import source_sha256
 
     if not verdict.passed:
         raise ValueError(f"verdict on {verdict.candidate_sha256[:12]} did not pass ({verdict.failure}):"
@@ -439,8 +429,6 @@ def _row(entry: LibraryEntry) -> dict[str, Any]:
 
 
 def _entry(row: sqlite3.Row) -> LibraryEntry:
-    from cutegen.journal import from_json
-
     return LibraryEntry(
         content_sha256=row["content_sha256"], task_id=row["task_id"], task_name=row["task_name"],
         task_sha256=row["task_sha256"], signature=from_json(TaskSignature, json.loads(row["signature"])),
@@ -495,7 +483,6 @@ def examples_for_task(journal: Any, task: Task, signature: TaskSignature | None,
     and journaled (`library_examples`): a resumed run reads them back, so its prompts, and with them its
     request ids, are the recorded ones whatever entered the library since. A task that began in a run
     written before examples were journaled was shown none, and still is."""
-    from cutegen.journal import from_json
 
     for record in reversed(journal.of_kind("library_examples")):
         if record["task_id"] == task.task_id:
@@ -515,8 +502,6 @@ def import_run(library: KernelLibrary, run_dir: Path, *, suite: Path | None = No
     """Every accepted kernel of a finished run directory (an agent run's journal steps, or an --evaluate
     run's verdicts.jsonl) added to the library: (row id or None when already there, per entry; the entries).
     The architecture is `arch`, else the GPU of the run's bench.json, else "cpu" for a CPU run, else unknown."""
-    from cutegen import bench
-    from cutegen.journal import JOURNAL
 
     run_dir = Path(run_dir)
     meta = bench.read_meta(run_dir) or {}
@@ -541,7 +526,6 @@ def import_run(library: KernelLibrary, run_dir: Path, *, suite: Path | None = No
 
 def _journal_kernels(run_dir: Path) -> tuple[list[tuple[Task, str, Verdict]], Provenance, str | None]:
     """(task, source, verdict) of each passing step, the run's provenance and its evaluation device."""
-    from cutegen.journal import Journal, load_run
 
     journal = Journal.open(run_dir)
     setup = load_run(journal)
@@ -552,10 +536,6 @@ def _journal_kernels(run_dir: Path) -> tuple[list[tuple[Task, str, Verdict]], Pr
 
 
 def _verdict_log_kernels(run_dir: Path, meta: dict, suite: Path | None) -> list[tuple[Task, str, Verdict]]:
-    from cutegen import bench
-    from cutegen.journal import from_json
-    from cutegen.tasks import load_tasks
-
     where = suite or (Path(meta["suite"]) if meta.get("suite") else None)
     if where is None or not where.exists():
         raise ConfigError(f"The tasks of {run_dir} are not beside it and its suite ({where}) is not found from here.",
@@ -580,10 +560,6 @@ def _verdict_log_kernels(run_dir: Path, meta: dict, suite: Path | None) -> list[
 def export_entry(entry: LibraryEntry, fmt: str) -> tuple[str, str]:
     """(source, default file name) of an entry exported as export.py exports a run's best kernel: a
     KernelBench ModelNew file or a torch custom op, with a header saying what was measured where."""
-    import re
-
-    from cutegen import export
-    from cutegen.records import BenchRun, BenchTaskResult
 
     if fmt not in export.FORMATS:
         raise ConfigError(f"Export format {fmt!r} is not one of {', '.join(export.FORMATS)}.",

@@ -20,12 +20,13 @@ from typing import Any
 
 from cutegen.config import RuntimeConfig
 from cutegen.errors import CutegenError
+from cutegen.runtime.build import find_nvcc, nvcc_release, nvcc_version
 
 
 def _gpu() -> dict[str, Any]:
     info: dict[str, Any] = {"gpu_name": None, "gpu_count": None, "gpu_capability": None, "gpu_memory_gib": None}
     try:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         if not torch.cuda.is_available():
             info["gpu_count"] = 0  # known: torch sees no device
@@ -59,15 +60,13 @@ def _driver_version() -> str | None:
 
 def _torch() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # lazy: loading torch takes seconds
     except ImportError:
         return {"torch_version": None, "cuda_runtime": None}
     return {"torch_version": torch.__version__, "cuda_runtime": torch.version.cuda}
 
 
 def _nvcc(config: RuntimeConfig) -> str | None:
-    from cutegen.runtime.build import find_nvcc, nvcc_release, nvcc_version
-
     try:
         return nvcc_release(nvcc_version(find_nvcc(config)))
     except CutegenError:

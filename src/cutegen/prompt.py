@@ -11,6 +11,9 @@ import functools
 import re
 from typing import Any
 
+import jinja2
+
+from cutegen.extract import prose_lines, shorten_idea
 from cutegen.records import WORKLOAD_CLASSES, Message, TaskTrace, Verdict
 
 # The user template of each stage; repair stages are picked from the verdict (`repair_stage`);
@@ -21,8 +24,6 @@ _LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(?P<text>\S.*)$")
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> Any:
-    import jinja2
-
     return jinja2.Environment(
         loader=jinja2.PackageLoader("cutegen", "templates"),
         undefined=jinja2.StrictUndefined,
@@ -76,7 +77,6 @@ def _short_float(value: float) -> str:
 def parse_directions(text: str, count: int) -> list[str]:
     """Up to `count` distinct directions from a `directions` reply: its numbered or bulleted lines
     outside code blocks, markdown emphasis removed, each shortened like an idea."""
-    from cutegen.extract import prose_lines, shorten_idea
 
     found: list[str] = []
     for line in prose_lines(text):

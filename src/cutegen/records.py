@@ -217,6 +217,10 @@ class Verdict:
     # weights, run_trial, compare, determinism, anticheat, ghost, settle, timing, timed_outputs,
     # kernel_audit. gpu_s is the time the lane was held.
     stage_s: tuple[tuple[str, float], ...] = ()
+    # The names of the checks that judged this candidate, in the order they started: those in `checks`
+    # and those that record nothing when they pass (each static check, the audit hook, the output types,
+    # global state...). Every name, like `failure`, is an entry of the registry (evaluate/checks.py).
+    checks_run: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

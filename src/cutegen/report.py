@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from cutegen.bench import budget_curve, fast_p, geomean, primary_results, search_tree, trajectory
 from cutegen.config import AgentConfig
 from cutegen.journal import Journal, load_run, task_file_name
@@ -129,8 +131,6 @@ def _flat(prefix: str, data: Any) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> Any:
-    import jinja2
-
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("cutegen", "templates"), undefined=jinja2.StrictUndefined,
         autoescape=lambda name: bool(name) and name.endswith(".html.j2"), trim_blocks=True, lstrip_blocks=True,
@@ -182,7 +182,7 @@ def _fmt_num(value: float | None, digits: int = 4) -> str:
 
 
 def _figure(width: float, height: float) -> Any:
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: only the plots need matplotlib
 
     return Figure(figsize=(width, height), layout="constrained")
 
@@ -191,7 +191,7 @@ def _svg(fig: Any, name: str, title: str) -> str:
     """The figure as an SVG element that can sit inline in a page beside others: the XML prologue and
     metadata dropped, and every id prefixed (matplotlib numbers ids per figure, so two figures in one
     page would otherwise share `axes_1`, clip paths and marker definitions)."""
-    import matplotlib
+    import matplotlib  # lazy: only the plots need matplotlib
 
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name, "font.family": "sans-serif"}):
@@ -209,7 +209,7 @@ def _svg(fig: Any, name: str, title: str) -> str:
 
 def _log_axis(axis: Any, suffix: str = "x") -> None:
     """Log-scale ticks at 1, 2 and 5 per decade, labelled plainly (0.5x, 1x, 2x), not as powers of ten."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # lazy: only the plots need matplotlib
 
     axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}{suffix}"))
@@ -323,7 +323,7 @@ def speedup_plot(series: list[Series]) -> Plot:
 
 def fast_p_plot(series: list[Series]) -> Plot:
     """fast_p as p grows: solid vs eager, dashed vs torch.compile."""
-    import numpy as np
+    import numpy as np  # lazy: only this plot needs numpy
 
     speeds = [getattr(r, f) for s in series for r in s.run.results for f in ("speedup_vs_eager", "speedup_vs_compile")
               if getattr(r, f)]
@@ -368,7 +368,7 @@ def sol_plot(series: list[Series]) -> Plot | None:
         if values:
             ax.plot(range(1, len(values) + 1), values, "o-", color=s.color, markersize=3, linewidth=1.2,
                     label=_short(s.label))
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: only the plots need matplotlib
 
     ax.axhline(1.0, color="#555555", linewidth=0.8, linestyle=":")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -426,7 +426,7 @@ def trajectory_plots(series: list[Series]) -> list[Plot]:
 
 
 def _trajectory(task_id: str, lines: list[tuple[Series, BenchTaskResult]], number: int) -> Plot:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: only the plots need matplotlib
 
     fig = _figure(5.2, 2.6)
     ax = fig.subplots()

@@ -61,7 +61,7 @@ def _packet_name(func: Any) -> str:
 
 
 def _family(func: Any) -> str | None:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     name = _packet_name(func)
     base = name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name
@@ -102,7 +102,7 @@ def classify(families: list[str], ops: list[str], anchor_family: str | None) -> 
 
 
 def _tensors(obj: Any) -> list[Any]:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -184,9 +184,9 @@ def quiet_stdout() -> Iterator[None]:
 
 
 def _trace_module(module: Any) -> TaskTrace:
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.flop_counter import FlopCounterMode
+    import torch  # lazy: loading torch takes seconds
+    from torch.utils._python_dispatch import TorchDispatchMode  # lazy: loading torch takes seconds
+    from torch.utils.flop_counter import FlopCounterMode  # lazy: loading torch takes seconds
 
     calls: list[Any] = []
 

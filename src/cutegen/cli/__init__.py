@@ -7,10 +7,14 @@ traceback (the message already says what to fix).
 
 from __future__ import annotations
 
+import importlib
+import json
+import pkgutil
 import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cutegen import __version__
 from cutegen.errors import CutegenError
@@ -42,9 +46,6 @@ def _root(
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
-    import importlib
-    import pkgutil
-
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.endswith("_cmd"):
             importlib.import_module(f"{__name__}.{info.name}")
@@ -65,10 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         if done.code not in (0, None):  # success returns, so in-process callers can go on
             raise
     except CutegenError as err:
-        from rich.markup import escape  # the message is text: "cutegen[ray]" is no style tag
-
         if as_json:
             _echo_exit(EXIT_USER_ERROR, "usage_error", str(err))
+        # escaped: the message is text ("cutegen[ray]" is no style tag)
         err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
 
@@ -92,6 +92,5 @@ def _main_for_json(args: list[str]) -> None:
 
 def _echo_exit(status: int, reason: str, message: str) -> None:
     """The JSON object of an exit that is not the command's own answer (no verdict came)."""
-    import json
 
     typer.echo(json.dumps({"exit_status": status, "reason": reason, "message": message}))

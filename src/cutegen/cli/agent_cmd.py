@@ -13,18 +13,25 @@ import contextlib
 import platform
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cutegen.cli import app
+from cutegen.agent import EXIT_NEEDS_GPU, EXIT_WAITING, Agent
+from cutegen.cli import app, env
 from cutegen.cli import options as opt
-
-if TYPE_CHECKING:
-    from cutegen.config import EvalConfig
+from cutegen.cli.common import (
+    check_unique, copy_replay_file, executor_config, local_eval_config, open_library, provider_for_run,
+    provider_spec_for_run, running_executor, step_printer, task_end_printer,
+)
+from cutegen.config import AgentConfig, Budget
+from cutegen.journal import Journal, load_run, new_run_id, start_run
+from cutegen.profile import make_profiler
+from cutegen.records import from_json
+from cutegen.report import write_outputs
+from cutegen.tasks import load_tasks
 
 STATUS_HELP = (
     "Exit status: 0 finished (see RUN/report.md); 2 bad settings; 75 waiting for replies (write the"
@@ -69,11 +76,6 @@ def optimize_command(
     library_examples: opt.LibraryExamples = 2,
     library_same_task: opt.LibrarySameTask = False,
 ) -> None:
-    from cutegen.cli.library_cmd import open_library
-    from cutegen.config import AgentConfig, Budget
-    from cutegen.journal import Journal, new_run_id, start_run
-    from cutegen.tasks import load_tasks
-
     loaded = [task for path in tasks for task in load_tasks(path, select)]
     budget = Budget(llm_calls=budget_calls, tokens=budget_tokens, usd=budget_usd, gpu_s=budget_gpu_s,
                     wall_s=budget_wall_s)
@@ -81,16 +83,16 @@ def optimize_command(
                                profiling=profiling, target_sol_fraction=target_sol, max_tokens=max_tokens,
                                concurrency=concurrency, budget=budget, search=search, library=not no_library,
                                library_examples=library_examples, library_same_task=library_same_task)
-    eval_config = _local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
+    eval_config = local_eval_config(track=track, backend=backend, device=device, correctness_trials=correctness_trials,
                                      timing_trials=timing_trials, compile_baseline=compile_baseline)
-    _check_unique(loaded)
+    check_unique(loaded)
     store = open_library(library, no_library, device=device)  # an unusable file fails before the run starts
     where = executor_config(executor, ray_resource)
-    _provider(model, None)  # a missing key or file fails here, before the run directory exists
+    provider_for_run(model, None)  # a missing key or file fails here, before the run directory exists
     run_dir = runs_dir / (run_id or new_run_id())
-    spec = _provider_spec_for_run(model)
+    spec = provider_spec_for_run(model)
     journal = Journal.create(run_dir)
-    _copy_replay_file(model, run_dir)
+    copy_replay_file(model, run_dir)
     start_run(journal, loaded, spec, agent_config, eval_config)
     console.print(f"run directory: {run_dir}")
     _execute(journal, agent_config, eval_config, where, store)
@@ -105,16 +107,12 @@ def resume_command(
     ray_resource: opt.RayResource = None,
     library: opt.LibraryPath = None,
 ) -> None:
-    from cutegen.cli.library_cmd import open_library
-    from cutegen.config import AgentConfig
-    from cutegen.journal import Journal, from_json, load_run
-
     journal = Journal.open(run)
     setup = load_run(journal)
     agent_config = from_json(AgentConfig, setup.agent)
     if concurrency:
         agent_config = from_json(AgentConfig, {**setup.agent, "concurrency": concurrency})
-    eval_config = _local_eval_config(**setup.evaluation)
+    eval_config = local_eval_config(**setup.evaluation)
     # The run's own choice: one started with --no-library uses none when resumed either.
     store = open_library(library, not agent_config.library, device=eval_config.device)
     _execute(journal, agent_config, eval_config, executor_config(executor, ray_resource), store)
@@ -124,12 +122,8 @@ def resume_command(
 
 
 def _execute(journal, agent_config, eval_config, executor_settings, library=None) -> None:
-    from cutegen.agent import EXIT_NEEDS_GPU, EXIT_WAITING, Agent
-    from cutegen.journal import load_run, write_outputs
-
     setup = load_run(journal)
-    provider = _provider(setup.model, journal.run_dir.resolve())
-    from cutegen.cli.bench_cmd import step_printer, task_end_printer
+    provider = provider_for_run(setup.model, journal.run_dir.resolve())
 
     rows: dict[str, tuple] = {t.task_id: (None, "queued") for t in setup.tasks}
     logging = not sys.stdout.isatty()  # a log gets one plain line per event; a terminal a live table
@@ -170,8 +164,6 @@ def _profiler(agent_config, eval_config):
     """Nsight Compute feedback for the schedule's profile slot; only a CUDA run can be profiled."""
     if agent_config.profiling == "none" or eval_config.device != "cuda":
         return None
-    from cutegen.cli import env
-    from cutegen.profile import make_profiler
 
     return make_profiler(env.profile_config(), notify=lambda message: console.print(f"[yellow]{message}[/]"))
 

@@ -10,20 +10,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.progress import Progress
 from rich.table import Table
 
+from cutegen import bench, export, report
+from cutegen.agent import Agent
 from cutegen.cli import app
 from cutegen.cli import options as opt
+from cutegen.cli.common import (
+    add_accepted, check_unique, copy_replay_file, executor_config, local_eval_config, log_line, open_library,
+    provider_for_run, provider_spec_for_run, running_executor, step_printer, task_end_printer,
+)
+from cutegen.config import AgentConfig, Budget
+from cutegen.errors import ConfigError
+from cutegen.journal import JOURNAL, Journal, eval_fingerprint, load_run, new_run_id, start_run
+from cutegen.manifest import machine_manifest
+from cutegen.records import from_json
+from cutegen.report import write_outputs
+from cutegen.tasks import load_tasks
 
 console = Console(stderr=True, soft_wrap=True)  # a message is one line in a log, never cut at 80 columns
 BENCH_HELP = (
@@ -75,12 +90,6 @@ def bench_command(
     library_examples: opt.LibraryExamples = 2,
     library_same_task: opt.LibrarySameTask = False,
 ) -> None:
-    from cutegen.cli.agent_cmd import executor_config
-    from cutegen.cli.library_cmd import open_library
-    from cutegen.config import AgentConfig, Budget
-    from cutegen.errors import ConfigError
-    from cutegen.tasks import load_tasks
-
     if (model is None) == (evaluate is None):
         raise ConfigError("cutegen bench needs exactly one of --model (run the agent over the suite) and"
                           " --evaluate DIR (judge existing candidate files).",
@@ -115,12 +124,7 @@ def bench_command(
 
 def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent_config: Any, eval_config: Any,
                  runs_dir: Path, run_id: str | None, where: Any, library: Any = None) -> tuple[int, Path]:
-    from cutegen import bench
-    from cutegen.cli.agent_cmd import _check_unique, _copy_replay_file, _provider, _provider_spec_for_run
-    from cutegen.journal import JOURNAL, Journal, from_json, load_run, new_run_id, start_run
-    from cutegen.manifest import machine_manifest
-
-    _check_unique(tasks)
+    check_unique(tasks)
     run_dir = runs_dir / (run_id or new_run_id())
     if (run_dir / JOURNAL).is_file():
         journal = Journal.open(run_dir)
@@ -130,10 +134,10 @@ def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent
         eval_config = _eval_config(**{**setup.evaluation, "gpus": eval_config.gpus})
         console.print(f"resuming {run_dir} with its recorded settings")
     else:
-        _provider(model, None)  # a missing key or file fails here, before the run directory exists
+        provider_for_run(model, None)  # a missing key or file fails here, before the run directory exists
         journal = Journal.create(run_dir)
-        _copy_replay_file(model, run_dir)
-        start_run(journal, tasks, _provider_spec_for_run(model), agent_config, eval_config)
+        copy_replay_file(model, run_dir)
+        start_run(journal, tasks, provider_spec_for_run(model), agent_config, eval_config)
         bench.write_meta(run_dir, kind="agent", suite=suite, select=select, tasks=tasks, config=eval_config)
         console.print(f"run directory: {run_dir}")
     bench.add_session(run_dir, machine_manifest(eval_config.runtime))
@@ -146,8 +150,6 @@ def _bench_agent(suite: Path, select: str | None, tasks: list, model: str, agent
 
 
 def _check_same_tasks(run_dir: Path, recorded: tuple, selected: list) -> None:
-    from cutegen.errors import ConfigError
-
     if {(t.task_id, t.source_sha256) for t in recorded} != {(t.task_id, t.source_sha256) for t in selected}:
         raise ConfigError(f"Run {run_dir} was started on another task set than the suite and --select given now.",
                           "Resume it with the suite and --select it was started with (or `cutegen resume RUN`),"
@@ -156,13 +158,9 @@ def _check_same_tasks(run_dir: Path, recorded: tuple, selected: list) -> None:
 
 def _run_agent(journal: Any, agent_config: Any, eval_config: Any, where: Any, library: Any = None) -> int:
     """The agent over every task of the run (as `cutegen optimize`), with suite-wide progress."""
-    from cutegen import bench
-    from cutegen.agent import Agent
-    from cutegen.cli.agent_cmd import _provider, running_executor
-    from cutegen.journal import load_run, write_outputs
 
     setup = load_run(journal)
-    provider = _provider(setup.model, journal.run_dir.resolve())
+    provider = provider_for_run(setup.model, journal.run_dir.resolve())
     ids = [t.task_id for t in setup.tasks]
     progress = bench.SuiteProgress(ids, already_done=[i for i in ids if journal.task_end(i) is not None])
     logging = not sys.stdout.isatty()  # a log gets one plain line per event; a terminal a live table
@@ -222,13 +220,6 @@ def _duration(seconds: float) -> str:
 
 def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, config: Any, runs_dir: Path,
                     run_id: str | None, build_jobs: int | None, where: Any, library: Any = None) -> tuple[int, Path]:
-    from rich.progress import Progress
-
-    from cutegen import bench
-    from cutegen.cli.agent_cmd import running_executor
-    from cutegen.journal import eval_fingerprint, new_run_id
-    from cutegen.manifest import machine_manifest
-
     out = runs_dir / (run_id or f"{new_run_id()}-evaluate")
     found, unmatched = bench.find_candidates(tasks, folder)
     if not (out / bench.BENCH_META).is_file():
@@ -248,8 +239,6 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
             mark = "correct" if result.correctness else f"{result.stage_reached}: {result.failure}"
             bar.update(job, completed=finished, description=f"judged {result.task_id} sample {result.sample_id}: {mark}")
             if library is not None and verdict is not None and verdict.passed:
-                from cutegen.cli.library_cmd import add_accepted
-
                 added.append(add_accepted(library, by_id[result.task_id], out / result.candidate_path, verdict,
                                           "bench --evaluate", out.name, signatures)[0])
             if logging:
@@ -274,10 +263,6 @@ def _bench_evaluate(suite: Path, select: str | None, tasks: list, folder: Path, 
 
 
 def _print_throughput(out: Path) -> None:
-    import json
-
-    from cutegen import bench
-
     path = out / bench.THROUGHPUT
     if not path.is_file():
         return
@@ -294,17 +279,14 @@ def _print_throughput(out: Path) -> None:
 
 
 def _eval_config(**fields: Any) -> Any:
-    from cutegen.cli.agent_cmd import _local_eval_config
-
     if "gpus" in fields:
         fields["gpus"] = list(fields["gpus"])
-    return _local_eval_config(**fields)
+    return local_eval_config(**fields)
 
 
 def _gpu_list(text: str | None, device: str) -> tuple[int, ...]:
     """--gpus, else every visible GPU: the indices of CUDA_VISIBLE_DEVICES when it lists numbers (a
     worker is pinned by setting it to one of them), else 0..count-1."""
-    from cutegen.errors import ConfigError
 
     if text:
         try:
@@ -316,19 +298,16 @@ def _gpu_list(text: str | None, device: str) -> tuple[int, ...]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible and all(part.strip().isdigit() for part in visible.split(",")):
         return tuple(int(part) for part in visible.split(","))
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     return tuple(range(torch.cuda.device_count())) or (0,)
 
 
 def _write_report(run_dir: Path) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:  # the report's plots need it; the results do not
         console.print("[yellow]matplotlib is not installed: no report written[/] (results.json is complete);"
                       f" run `cutegen report {run_dir}` where it is.")
         return
-    from cutegen import bench, report
 
     md, html = report.write_report([bench.load_run(run_dir)], run_dir)
     typer.echo(f"report: {html}")
@@ -336,8 +315,6 @@ def _write_report(run_dir: Path) -> None:
 
 
 def _print_summary(run_dir: Path) -> None:
-    from cutegen import bench
-
     run = bench.load_run(run_dir)
     if not sys.stdout.isatty():  # a log: one plain line per group, no box to wrap
         for g in run.summary:
@@ -374,8 +351,6 @@ def report_command(
     out: Path = typer.Option(None, "--out", "-o", help="Folder for bench-report.md/.html and plots/ (default:"
                              " the run directory for one run, ./bench-report for several)."),
 ) -> None:
-    from cutegen import bench, report
-
     loaded = [bench.load_run(run) for run in runs]
     target = out or (runs[0] if len(runs) == 1 else Path("bench-report"))
     md, html = report.write_report(loaded, target)
@@ -393,9 +368,6 @@ def export_command(
                              " in the current folder)."),
     force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
 ) -> None:
-    from cutegen import export
-    from cutegen.errors import ConfigError
-
     text, name = export.export_best(run, task, fmt)
     target = out or Path(name)
     if target.exists() and not force:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from cutegen.config import ProfileConfig, ProviderSettings, RuntimeConfig, default_cache_root
+from cutegen.errors import ConfigError
 
 # CUTEGEN_CACHE: root for build and measurement caches (default ~/.cache/cutegen)
 # CUTEGEN_CUTLASS_INCLUDE (or CUTLASS_PATH, a checkout root): headers instead of the nvidia-cutlass wheel
@@ -55,8 +56,6 @@ def runtime_config() -> RuntimeConfig:
 
 
 def provider_settings(state_dir: Path | None = None) -> ProviderSettings:
-    from cutegen.errors import ConfigError
-
     def number(name: str, default: float) -> float:
         value = os.environ.get(name)
         try:

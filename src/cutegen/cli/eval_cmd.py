@@ -18,10 +18,21 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.panel import Panel
+from rich.progress import Progress
 from rich.table import Table
 
-from cutegen.cli import app
+from cutegen.agent import EXIT_NEEDS_GPU  # as `cutegen optimize` exits: what can be judged here passed
+from cutegen.cli import app, env
 from cutegen.cli import options as opt
+from cutegen.cli.common import add_accepted, one_task, open_library
+from cutegen.config import EvalConfig
+from cutegen.errors import TaskError
+from cutegen.evaluate.baselines import BaselineWorker, get_baselines
+from cutegen.evaluate.executor import device_available
+from cutegen.evaluate.pipeline import NeedsDevice, evaluate_candidate
+from cutegen.evaluate.worker import WorkerPool
+from cutegen.records import to_json
+from cutegen.tasks import load_tasks
 
 EXIT_REJECTED = 1
 EXIT_INFRASTRUCTURE = 3  # not a verdict: the GPU was shared and the evaluation could not finish (gpu_busy)
@@ -29,9 +40,6 @@ stderr = Console(stderr=True)
 
 
 def _eval_config(**fields: Any) -> Any:
-    from cutegen.cli import env
-    from cutegen.config import EvalConfig
-
     return EvalConfig(cache_dir=env.cache_root() / "eval", runtime=env.runtime_config(), **fields)
 
 
@@ -54,22 +62,16 @@ def eval_command(
     """Judge one candidate with the hardened evaluator (a passing one joins the kernel library). Exit
     status: 0 passed, 1 rejected, 2 usage error, 76 needs a GPU (no CUDA device here: the static checks,
     and the build where it can run, passed)."""
-    from cutegen.evaluate.executor import device_available
-    from cutegen.evaluate.pipeline import NeedsDevice, evaluate_candidate
-    from cutegen.records import to_json
 
     config = _eval_config(track=track, backend=backend, device=device, do_timing=not no_timing,
                           compile_baseline=compile_baseline, timing_trials=timing_trials, gpus=(gpu,))
-    chosen = _one_task(task, select)
-    from cutegen.cli.library_cmd import open_library
+    chosen = one_task(task, select)
 
     store = open_library(library, no_library, device=device, gpu=gpu)  # an unusable file fails before the work
     try:
         with stderr.status(f"evaluating {candidate.name} on {chosen.task_id}", spinner="dots"):
             verdict = evaluate_candidate(candidate, chosen, config, device_available=device_available(config))
     except NeedsDevice:
-        from cutegen.agent import EXIT_NEEDS_GPU  # as `cutegen optimize`: what can be judged here passed
-
         arch = config.runtime.arch
         built = f" and the build for {arch}" if arch else " (set CUTEGEN_ARCH, e.g. sm_90a, to build here too)"
         message = (f"{candidate.name} passed the static checks of backend {config.backend}{built}; the rest of the"
@@ -80,8 +82,6 @@ def eval_command(
         stderr.print(f"[yellow]needs a GPU:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_NEEDS_GPU)
     if store is not None and verdict.passed:
-        from cutegen.cli.library_cmd import add_accepted
-
         stderr.print(add_accepted(store, chosen, candidate, verdict, "eval")[1], highlight=False, soft_wrap=True)
     if as_json:
         typer.echo(json.dumps(to_json(verdict), indent=1))
@@ -151,13 +151,6 @@ def baseline_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Measure and cache eager and torch.compile times (resumable: cached tasks are not re-measured)."""
-    from rich.progress import Progress
-
-    from cutegen.errors import TaskError
-    from cutegen.evaluate.baselines import BaselineWorker, get_baselines
-    from cutegen.evaluate.worker import WorkerPool
-    from cutegen.records import to_json
-    from cutegen.tasks import load_tasks
 
     config = _eval_config(track=track, device=device, backend="torch" if device == "cpu" else "cute",
                           compile_baseline=compile_baseline, timing_trials=timing_trials, gpus=(gpu,))

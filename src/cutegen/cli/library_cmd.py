@@ -1,6 +1,6 @@
 """`cutegen library`: the kernel library of verified kernels (library.py) — list, show, search, export,
-import and prune. Tables on a terminal, JSON with --json. Also the one place the other commands open
-the library from (`open_library`: --library / --no-library, and this machine's architecture).
+import and prune. Tables on a terminal, JSON with --json. The other commands open the library through
+cli/common.py (`open_library`: --library / --no-library, and this machine's architecture).
 
 Exit statuses: 0 done, 2 a usage error or an unusable library file (the message names it and the fix).
 """
@@ -8,8 +8,6 @@ Exit statuses: 0 done, 2 a usage error or an unusable library file (the message 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,70 +15,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cutegen.cli import app
+from cutegen.cli import app, env
 from cutegen.cli import options as opt
+from cutegen.cli.common import one_task, open_library
+from cutegen.config import LibraryConfig
+from cutegen.errors import ConfigError
+from cutegen.library import (
+    KernelLibrary, export_entry, fastest_per_task, import_run, shapes_text, speed_text, task_signature,
+)
+from cutegen.records import to_json
 
 library_app = typer.Typer(help="The library of verified kernels: every kernel accepted by eval, optimize and"
                                " bench, found again by similar tasks.", no_args_is_help=True)
 app.add_typer(library_app, name="library")
-stderr = Console(stderr=True)
-
-
-# ------------------------------------------------------------------------------ for the other commands
-
-
-def open_library(path: Path | None, off: bool, *, device: str = "cuda", gpu: int = 0) -> Any:
-    """The library a command uses (None with --no-library), labelled with this machine's architecture."""
-    from cutegen.cli import env
-    from cutegen.config import LibraryConfig
-    from cutegen.errors import ConfigError
-    from cutegen.library import KernelLibrary
-
-    if off:
-        if path is not None:
-            raise ConfigError("--library was given where no kernel library is used (--no-library).",
-                              "Keep --library PATH to use that file, or --no-library to use none (a run started"
-                              " with --no-library keeps it when resumed).")
-        return None
-    arch, name = machine_arch(device, gpu, env.runtime_config().arch)
-    return KernelLibrary(LibraryConfig(path=path or env.library_path(), arch=arch, device_name=name))
-
-
-def machine_arch(device: str, gpu: int, configured: str | None) -> tuple[str | None, str | None]:
-    """(architecture, device name) where this process's verdicts are measured: "cpu" for device cpu;
-    else the GPU as nvidia-smi names it (no CUDA context is made in this process), else CUTEGEN_ARCH."""
-    from cutegen.library import arch_name
-
-    if device == "cpu":
-        return "cpu", None
-    smi = shutil.which("nvidia-smi")
-    if smi is not None:
-        try:
-            out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", str(gpu)],
-                                 capture_output=True, text=True, timeout=20, check=False)
-            name, _, capability = out.stdout.strip().splitlines()[0].rpartition(",")
-            if out.returncode == 0 and name.strip():
-                return arch_name(capability.strip()), name.strip()
-        except (OSError, subprocess.TimeoutExpired, IndexError):
-            pass
-    return arch_name(configured), None
-
-
-def add_accepted(store: Any, task: Any, candidate: Path, verdict: Any, origin: str, run_id: str | None = None,
-                 signatures: dict | None = None) -> tuple[int | None, str]:
-    """Add a passing verdict on the file `candidate` to the library: (the new entry's id, or None; a
-    line saying what became of it). `signatures` caches task signatures by task id across calls."""
-    from cutegen.library import provenance, task_signature
-
-    cache = signatures if signatures is not None else {}
-    if task.task_id not in cache:
-        cache[task.task_id] = task_signature(task)
-    try:
-        added = store.add_verdict(task, cache[task.task_id], candidate.read_text(encoding="utf-8"), verdict,
-                                  provenance(origin, None, run_id))
-    except ValueError as err:  # the file changed after it was judged: its verdict is not the file's
-        return None, f"kernel library {store.path}: {candidate} not added ({err})"
-    return added, f"kernel library {store.path}: " + (f"added as entry {added}" if added else "already there")
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -88,10 +35,6 @@ def add_accepted(store: Any, task: Any, candidate: Path, verdict: Any, origin: s
 
 def _existing(path: Path | None) -> Any:
     """The library at `path` (default: the CLI's), which must exist: reading never makes a new one."""
-    from cutegen.cli import env
-    from cutegen.config import LibraryConfig
-    from cutegen.errors import ConfigError
-    from cutegen.library import KernelLibrary
 
     path = path or env.library_path()
     if not path.is_file():
@@ -107,7 +50,6 @@ def _x(value: float | None) -> str:
 
 def _summary(entry: Any) -> dict[str, Any]:
     """An entry without its source and verdict, for lists."""
-    from cutegen.records import to_json
 
     data = to_json(entry)
     for key in ("source", "verdict"):
@@ -145,7 +87,6 @@ def list_command(
     library: opt.LibraryPath = None,
 ) -> None:
     """The library's kernels, oldest first."""
-    from cutegen.cli import env
 
     path = library or env.library_path()
     entries = _existing(path).entries(op_class=op_class, task=task, backend=backend, arch=arch, limit=limit) \
@@ -163,8 +104,6 @@ def show_command(
     library: opt.LibraryPath = None,
 ) -> None:
     """One kernel: its task's signature, what was measured where, its provenance and its source."""
-    from cutegen.library import shapes_text, speed_text
-    from cutegen.records import to_json
 
     found = _existing(library).get(entry)
     if as_json:
@@ -195,10 +134,6 @@ def search_command(
     library: opt.LibraryPath = None,
 ) -> None:
     """The kernels a prompt for TASK would be shown (nearest first, one per task), or those of an op class."""
-    from cutegen.cli.eval_cmd import _one_task
-    from cutegen.errors import ConfigError
-    from cutegen.library import fastest_per_task, task_signature
-    from cutegen.records import to_json
 
     if (task is None) == (op_class is None):
         raise ConfigError("cutegen library search needs a task file or --class, and not both.",
@@ -208,7 +143,7 @@ def search_command(
         best = fastest_per_task(store.entries(op_class=op_class))
         found = [(e, None) for e in sorted(best, key=lambda e: -(e.measured.speedup_vs_eager or 0.0))][:k]
     else:
-        chosen = _one_task(task, select)
+        chosen = one_task(task, select)
         found = store.neighbours(task_signature(chosen), backend=backend, track=track, task=chosen,
                                  same_task=same_task, k=k)
     if as_json:
@@ -229,8 +164,6 @@ def export_command(
     library: opt.LibraryPath = None,
 ) -> None:
     """Write a library kernel as a standalone KernelBench ModelNew file or a registered torch custom op."""
-    from cutegen.errors import ConfigError
-    from cutegen.library import export_entry
 
     text, name = export_entry(_existing(library).get(entry), fmt)
     target = out or Path(name)
@@ -251,7 +184,6 @@ def import_command(
     library: opt.LibraryPath = None,
 ) -> None:
     """Add every accepted kernel of finished runs (kernels already there are not added twice)."""
-    from cutegen.library import import_run
 
     store = open_library(library, False)
     report = []

@@ -20,7 +20,12 @@ from typing import Any
 
 import typer
 
-from cutegen.cli import app
+from cutegen.cli import app, env
+from cutegen.cli.common import local_eval_config
+from cutegen.errors import ConfigError
+from cutegen.evaluate.pipeline import prebuild_candidates
+from cutegen.journal import JOURNAL, Journal, load_run
+from cutegen.runtime import find_cutlass_include, find_nvcc, normalize_arch
 
 PREBUILD_HELP = (
     "Build the CuTe kernels of every candidate of a run (its candidates/ folder) or of a folder of ModelNew"
@@ -39,11 +44,6 @@ def prebuild_command(
     jobs: int = typer.Option(2, "--jobs", "-j", help="Builds at once (each in its own CPU worker)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of lines."),
 ) -> None:
-    from cutegen.cli import env
-    from cutegen.errors import ConfigError
-    from cutegen.evaluate.pipeline import prebuild_candidates
-    from cutegen.runtime import find_cutlass_include, find_nvcc, normalize_arch
-
     runtime = env.runtime_config()
     chosen = arch or runtime.arch
     if not chosen:
@@ -70,18 +70,15 @@ def prebuild_command(
 
 def _candidates(target: Path, runtime: Any) -> tuple[Any, list[Path]]:
     """The evaluation settings to build with (a run's own, with this machine's toolchain) and the files."""
-    from cutegen.cli.agent_cmd import _local_eval_config
-    from cutegen.errors import ConfigError
-    from cutegen.journal import JOURNAL, Journal, load_run
 
     if (target / JOURNAL).is_file():
         setup = load_run(Journal.open(target))
-        config = _local_eval_config(**setup.evaluation)
+        config = local_eval_config(**setup.evaluation)
         paths = sorted((target / "candidates").glob("*.py"))
     elif target.is_dir():
-        config, paths = _local_eval_config(backend="cute", device="cuda"), sorted(target.glob("*.py"))
+        config, paths = local_eval_config(backend="cute", device="cuda"), sorted(target.glob("*.py"))
     elif target.is_file():
-        config, paths = _local_eval_config(backend="cute", device="cuda"), [target]
+        config, paths = local_eval_config(backend="cute", device="cuda"), [target]
     else:
         raise ConfigError(f"{target} is neither a run directory, a folder nor a file.",
                           "Pass the folder `cutegen optimize` printed, or a folder of ModelNew files.")

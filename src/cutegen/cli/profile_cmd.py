@@ -15,7 +15,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from cutegen.cli import app
+from cutegen.cli import app, env
+from cutegen.cli.common import one_task
+from cutegen.config import EvalConfig, ProfileConfig
+from cutegen.evaluate.pipeline import read_candidate
+from cutegen.profile import ProfileUnavailable, collect, interpret, profile_text
+from cutegen.records import to_json
 
 EXIT_UNAVAILABLE = 1
 stderr = Console(stderr=True)
@@ -34,16 +39,11 @@ def profile_command(
     keep: Path = typer.Option(None, "--keep", help="Also save ncu's report (profile.ncu-rep) and its raw CSV here."),
 ) -> None:
     """Profile one forward of a candidate with Nsight Compute. Exit status: 0 profiled, 1 no profile, 2 usage error."""
-    from cutegen.cli import env
-    from cutegen.config import EvalConfig, ProfileConfig
-    from cutegen.evaluate.pipeline import read_candidate
-    from cutegen.profile import ProfileUnavailable, collect, interpret, profile_text
-    from cutegen.records import to_json
 
     config = ProfileConfig(ncu=ncu or env.profile_config().ncu, timeout_s=timeout)
     eval_config = EvalConfig(track=track, cache_dir=env.cache_root() / "eval", runtime=env.runtime_config(),
                              gpus=(gpu,))
-    chosen = _one_task(task, select)
+    chosen = one_task(task, select)
     source = read_candidate(candidate)
     started = time.perf_counter()
     try:

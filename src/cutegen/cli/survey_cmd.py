@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from cutegen import survey
 from cutegen.cli import app, env
 from cutegen.cli import options as opt
 from cutegen.config import EvalConfig
@@ -55,8 +56,6 @@ def survey_command(
                                      " the files read (no GPU needed)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (progress on stderr)."),
 ) -> None:
-    from cutegen import survey  # loaded when the command runs: the evaluator's modules are not needed to start
-
     wanted = survey.Wanted(tracks=_tracks(tracks), compile_baseline=compile_baseline, probe=probe,
                            retry_errors=retry_errors)
     inductor = _compile_caches(work, device)

@@ -12,6 +12,9 @@ from rich.table import Table
 
 from cutegen.cli import app
 from cutegen.errors import TaskError
+from cutegen.records import to_json
+from cutegen.tasks import load_tasks
+from cutegen.trace import trace_task
 
 
 @app.command("tasks")
@@ -21,9 +24,6 @@ def tasks_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List tasks with their workload class, FLOPs and minimum bytes moved (traced on meta tensors)."""
-    from cutegen.records import to_json
-    from cutegen.tasks import load_tasks
-    from cutegen.trace import trace_task
 
     tasks = load_tasks(path, select)
     rows = []

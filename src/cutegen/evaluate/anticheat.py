@@ -19,16 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
+from cutegen.evaluate.checks import backends_of
 from cutegen.records import CheckResult
 
-# Where each dynamic check applies (one set of checks, each says where; the static ones are in
-# checks_static.STATIC_CHECK_BACKENDS). The audits enforce "the candidate's own kernels do the work",
+# Where each dynamic check of this stage applies, as the registry (checks.py) says; the static ones are
+# in checks_static.STATIC_CHECK_BACKENDS. The audits enforce "the candidate's own kernels do the work",
 # which a torch candidate is allowed not to do; the probe catches a cheat any backend could try.
 DYNAMIC_CHECK_BACKENDS: dict[str, frozenset[str]] = {
-    "disallowed_ops": OWN_KERNEL_BACKENDS,
-    "audit_kernels": OWN_KERNEL_BACKENDS,
-    "ghost_probe": frozenset(BACKENDS),
+    name: backends_of(name) for name in ("disallowed_ops", "audit_kernels", "ghost_probe")
 }
 
 

@@ -20,8 +20,10 @@ from typing import Any
 
 from cutegen.errors import TaskError
 from cutegen.evaluate.cache import load_json, save_json, slug
+from cutegen.evaluate.jobs import reference_job, timing_spec
 from cutegen.evaluate.timing import summarize
-from cutegen.records import Baselines, Task, TimingStats, to_json
+from cutegen.evaluate.worker import WorkerDied
+from cutegen.records import Baselines, Task, TimingStats, from_json, to_json
 
 _MAX_ERROR = 2000  # characters of a compile error kept in a record
 
@@ -32,8 +34,6 @@ def baselines_path(cache_dir: Path, task: Task, track: str, device_name: str, to
 
 
 def load_baselines(path: Path) -> Baselines | None:
-    from cutegen.journal import from_json
-
     data = load_json(path)
     try:
         return from_json(Baselines, data) if isinstance(data, dict) else None
@@ -86,7 +86,6 @@ class BaselineWorker:
 
     def release(self, timeout_s: float) -> None:
         """After a task: keep the worker for the next one, or close it when it cannot serve."""
-        from cutegen.evaluate.worker import WorkerDied
 
         if self.worker is None:
             return
@@ -168,8 +167,6 @@ def _measure(task: Task, config: Any, worker: Any, compile_it: bool,
     an H200 when it came after the reference alone) and nothing is timed while either is busy.
     Returns (baselines, None), or (eager-less baselines, why the worker died) when the compile
     killed or hung the worker before eager was timed."""
-    from cutegen.evaluate.jobs import reference_job, timing_spec
-    from cutegen.evaluate.worker import WorkerDied
 
     spec = timing_spec(config)
     seconds: dict[str, float] = {} if reference_s is None else {"reference_s": round(reference_s, 3)}

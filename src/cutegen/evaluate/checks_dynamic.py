@@ -12,6 +12,7 @@ arbitrary code in the worker.
 
 from __future__ import annotations
 
+import inspect
 import re
 import secrets
 import threading
@@ -26,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
 from cutegen.errors import ConfigError
-from cutegen.evaluate.compare import flatten_outputs
+from cutegen.evaluate import compare
+from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
 
 # ----------------------------------------------------------------------------------- op audit
 
@@ -159,7 +161,7 @@ def audit_kernels(fn: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, An
     if not torch.cuda.is_available():
         result["skipped"] = "no CUDA device: the kernel audit needs one"
         return result
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # lazy: loading torch takes seconds
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -210,9 +212,7 @@ def _flag_readers() -> dict[str, Callable[[], Any]]:
 
 def _watched_objects() -> dict[str, Any]:
     """Functions and classes a candidate could replace to fake a comparison or a timing."""
-    import torch.nn.functional as F
-
-    from cutegen.evaluate import compare
+    import torch.nn.functional as F  # lazy: loading torch takes seconds
 
     objects: dict[str, Any] = {}
     for name in ("matmul", "mm", "bmm", "addmm", "allclose", "isclose", "equal", "isnan",
@@ -256,7 +256,6 @@ def _identity(obj: Any) -> str:
     torch itself, e.g. around torch.manual_seed); the wrapped function is compared then, so that
     torch's own re-wrapping is not a change. A wrapper whose code lives outside torch is reported.
     """
-    import inspect
 
     obj = getattr(obj, "__func__", obj)
     try:
@@ -480,7 +479,6 @@ def moved_mask(before: Any, after: Any, tol: float, factor: float) -> torch.Tens
     """Per element of all output leaves (flattened, concatenated): whether it moved by more than
     `factor` x (tol + tol * |before|); None when the shapes differ. Computed in float64 chunks on the
     outputs' device, so a gigabyte output needs no host copy and no float64 copy of itself."""
-    from cutegen.evaluate.compare import CHUNK_ELEMENTS
 
     olds, news = _tensor_leaves(before), _tensor_leaves(after)
     if len(olds) != len(news) or any(o.shape != n.shape for o, n in zip(olds, news)):

@@ -14,11 +14,11 @@ global-state snapshots) catch what gets past these. What these checks must never
 kernel, so every rule errs towards silence where the AST leaves a doubt.
 
 `run_static_checks(source, backend=...)` runs every check that applies to the backend: one set of
-checks, and `STATIC_CHECK_BACKENDS` says where each applies. The "own kernels" checks
-(`check_forward_allowlist`, `check_has_kernel_source`) apply to the backends whose compute must run in
-the candidate's own kernels (cute, cuda), `check_uses_cute` to cute alone (with cuda, CuTe is allowed
-but not required), every other check to every backend (a "torch" candidate may compute with PyTorch,
-but not cheat).
+checks, and `STATIC_CHECK_BACKENDS` (read from the registry, checks.py) says where each applies. The
+"own kernels" checks (`check_forward_allowlist`, `check_has_kernel_source`) apply to the backends
+whose compute must run in the candidate's own kernels (cute, cuda), `check_uses_cute` to cute alone
+(with cuda, CuTe is allowed but not required), every other check to every backend (a "torch"
+candidate may compute with PyTorch, but not cheat).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
+from cutegen.config import BACKENDS
 from cutegen.errors import ConfigError
+from cutegen.evaluate.checks import backends_of
 from cutegen.records import Finding
 
 # ------------------------------------------------------------------------------------ allow lists
@@ -1437,15 +1438,10 @@ STATIC_CHECKS: tuple[Callable[[ast.Module], list[Finding]], ...] = (
     check_has_kernel_source,
     check_uses_cute,
 )
-# Where each check applies (one set of checks, each says where): the "own kernels" checks to the
-# backends that require the candidate's own kernels, the CuTe check to cute alone (cuda accepts any
-# CUDA C++: plain, inline PTX or CuTe), every cheat a torch candidate could also try to all.
-STATIC_CHECK_BACKENDS: dict[str, frozenset[str]] = {
-    **{check.__name__: frozenset(BACKENDS) for check in STATIC_CHECKS},
-    "check_forward_allowlist": OWN_KERNEL_BACKENDS,
-    "check_has_kernel_source": OWN_KERNEL_BACKENDS,
-    "check_uses_cute": frozenset({"cute"}),
-}
+# Where each check applies, as the registry (checks.py) says: the "own kernels" checks to the backends
+# that require the candidate's own kernels, the CuTe check to cute alone (cuda accepts any CUDA C++:
+# plain, inline PTX or CuTe), every cheat a torch candidate could also try to all.
+STATIC_CHECK_BACKENDS: dict[str, frozenset[str]] = {check.__name__: backends_of(check.__name__) for check in STATIC_CHECKS}
 
 
 def check_backend(backend: str) -> None:

@@ -66,7 +66,7 @@ def _chunks(out: Any, ref: Any, delta: Any,
     same on both, and the GPU does it without a host copy of the whole output), else on the host.
     `delta` and `slack` are dropped when their shape is not the reference's (slack also without a
     delta)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     o, r = _leaf(out), _leaf(ref)
     device = o.device if o.device.type == "cuda" else torch.device("cpu")
@@ -83,7 +83,7 @@ def _chunks(out: Any, ref: Any, delta: Any,
 
 def _abs_diff(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """|out - ref| with equal values (infinities included) and NaN-vs-NaN at 0, other NaN at inf."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     diff = (out - ref).abs()
     same = (out == ref) | (torch.isnan(out) & torch.isnan(ref))
@@ -93,7 +93,7 @@ def _abs_diff(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def _threshold(ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
     """atol + rtol * |ref|; where the reference is NaN or infinite only an exact match passes."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     return torch.where(torch.isfinite(ref), atol + rtol * ref.abs(), torch.zeros_like(ref))
 
@@ -119,7 +119,7 @@ def identical(outputs: Any, ref_outputs: Any) -> bool:
     float64 comparison has nothing to add. Memory-bound kernels often reproduce PyTorch exactly, and
     one read of both tensors replaces some thirty float64 passes over them (1.8 s of each evaluation
     of a 6.4 GB output on an H200)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     outs, refs = flatten_outputs(outputs), flatten_outputs(ref_outputs)
     return len(outs) == len(refs) and all(
@@ -139,7 +139,7 @@ def compare_outputs(outputs: Any, ref_outputs: Any, atol: float, rtol: float, re
     own rounding error (see the module docstring); the errors are still reported against `ref_outputs`.
     `ref_slack` (same structure, with `ref_delta`) replaces |delta| in that rule.
     """
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     outs = [_leaf(o) for o in flatten_outputs(outputs)]  # once: a conjugate view is copied to resolve
     refs = [_leaf(r) for r in flatten_outputs(ref_outputs)]
@@ -185,7 +185,7 @@ def first_mismatches(
 ) -> tuple[str, ...]:
     """Up to `limit` failing elements as 'output[i] at (r, c): got X, expected Y', for feedback that
     shows a model where its kernel goes wrong (by the same rule as `compare_outputs`)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     lines: list[str] = []
     refs = flatten_outputs(ref_outputs)
@@ -218,7 +218,7 @@ def fingerprint(tensor: Any) -> str:
     arithmetic, so it is the same in every process and in any summation order; computed in chunks on
     the tensor's device. Two processes that drew the same inputs (or built the same weights) from
     the same seeds report equal fingerprints without sending the data."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     t = tensor.detach().contiguous().reshape(-1)
     raw = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
@@ -289,7 +289,7 @@ def compare_precision(outputs: Any, ref_outputs: Any, basis: Any, atol: float, r
 
 def _at(tensor: torch.Tensor, leaf: Any) -> torch.Tensor:
     """The sampled elements of a leaf, in float64 on the basis's device."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     flat = tensor.reshape(-1)
     if leaf.index is not None:
@@ -299,7 +299,7 @@ def _at(tensor: torch.Tensor, leaf: Any) -> torch.Tensor:
 
 def _leaf_precision(k: int, out: torch.Tensor, ref: torch.Tensor, leaf: Any, atol: float,
                     rtol: float) -> PrecisionStats:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     exact, o, r = leaf.exact, _at(out, leaf), _at(ref, leaf)
     finite = torch.isfinite(exact) & torch.isfinite(o) & torch.isfinite(r)

@@ -67,7 +67,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cutegen.config import RuntimeConfig
-from cutegen.errors import CutegenError, ToolchainError
+from cutegen.errors import BuildError, ConfigError, CutegenError, ToolchainError
+from cutegen.evaluate.failure import describe_error
+from cutegen.evaluate.verdict import Stop
+from cutegen.records import CheckResult
+from cutegen.runtime import build_library
 
 # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the same numbers on x86_64 and arm64.
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446
@@ -246,9 +250,6 @@ def build_reported(reply: dict[str, Any], runtime: RuntimeConfig, timeout_s: flo
     shared build cache (runtime.build.build_library, nvcc as a plain subprocess). `timeout_s` bounds
     each nvcc run; one past it is a `build_timeout`, as a build worker killed at the timeout was.
     A failed or malformed reply comes back as a failure."""
-    from cutegen.errors import BuildError, ConfigError
-    from cutegen.evaluate.failure import describe_error
-    from cutegen.runtime import build_library
 
     if not reply.get("ok"):
         return reply
@@ -455,8 +456,6 @@ def after_evaluation(run: Any, config: Any, seal: EnvironmentSeal | None) -> Non
     """After the candidate's processes ran (the parent): a passed `write_outside_scratch` check that
     says which layer held, or, where the seal finds a change, that check failed (the verdict's
     failure whatever came before) and the environment marked poisoned."""
-    from cutegen.evaluate.verdict import Stop
-    from cutegen.records import CheckResult
 
     if run.stage == "static":
         return  # nothing of the candidate ran

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from cutegen.config import RuntimeConfig
+from cutegen.records import Task, from_json
+
 CANDIDATE_FILE = "candidate.py"  # the candidate's source, written in its worker's working directory
 
 
 def apply_track(track: str) -> None:
     """TF32 off everywhere on the fp32 track, on for matmul and cuDNN on the tf32 track."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     tf32 = track == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -20,16 +23,10 @@ def apply_track(track: str) -> None:
 
 
 def task_from_json(data: dict[str, Any]) -> Any:
-    from cutegen.journal import from_json
-    from cutegen.records import Task
-
     return from_json(Task, data)
 
 
 def runtime_from_json(data: dict[str, Any] | None) -> Any:
-    from cutegen.config import RuntimeConfig
-    from cutegen.journal import from_json
-
     return from_json(RuntimeConfig, data) if data else RuntimeConfig()
 
 
@@ -42,12 +39,12 @@ class Hooks:
 
     def churn(self) -> None:
         if self.cuda:
-            from cutegen.evaluate.checks_dynamic import churn_free_memory
+            from cutegen.evaluate.checks_dynamic import churn_free_memory  # lazy: checks_dynamic loads torch
 
             churn_free_memory(self.device)
 
     def synchronize(self) -> None:
         if self.cuda:
-            import torch
+            import torch  # lazy: loading torch takes seconds
 
             torch.cuda.synchronize()

@@ -1,8 +1,10 @@
 """Correctness: the candidate's outputs against the reference's, over unpredictable trials.
 
-The worker-side functions measure (`reference_trials`, `candidate_trials`, `determinism_run`); the
-parent turns the measurements into checks with `judge_correctness`. The protocol is stated once, in
-`candidate_trials`.
+The protocol is stated once, in EVALUATION.md ("Correctness"). The worker-side functions here draw
+inputs, build models and run the reference (`make_inputs`, `build_model`, `reference_trial`,
+`exact_delta`, `rounding_slack`) for the processes that measure (reference.ReferenceSession,
+runner.CandidateSession); the parent turns their measurements into checks (`judge_weights`,
+`judge_trials`, `judge_determinism`, `judge_precision_entry`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import copy
 import math
 import os
+import random
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from cutegen.config import HALF_DTYPES
-from cutegen.records import CheckResult, ErrorStats
+from cutegen.evaluate.compare import CHUNK_ELEMENTS, PrecisionStats, flatten_outputs, judge_precision
+from cutegen.records import CheckResult, ErrorStats, Finding
 
 OUTLIER_FRACTION = 0.01
 # Adversarial strengths, strongest first: outlier scale for signed data, power for data in [0, 1].
@@ -43,7 +48,7 @@ def trial_plan(correctness_trials: int, adversarial_trials: int, weight_seeds: i
 def to_device(value: Any, device: Any, copy_: bool = True) -> Any:
     """A fresh copy of a tensor (or nested list/tuple of them) on `device`; other values as they are.
     `copy_=False` moves without copying what is already there."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if isinstance(value, torch.Tensor):
         return value.detach().to(device, copy=copy_)
@@ -53,7 +58,7 @@ def to_device(value: Any, device: Any, copy_: bool = True) -> Any:
 
 
 def tensors_of(value: Any) -> list[Any]:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if isinstance(value, torch.Tensor):
         return [value]
@@ -70,7 +75,7 @@ def adversarial_like(x: Any, seed: int, outlier_scale: float, power: float) -> A
     `outlier_scale`, keeping signs. Either way a kernel that assumes unit-scale inputs (a fixed max
     in a softmax, a too-small accumulator, an unsafe exp) is exposed.
     """
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
         return x
@@ -99,7 +104,7 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
     the other processes' device draws (and the evaluation would blame the task), so the draw is
     tried once more after freeing cached memory, and the error is raised if it fails again.
     """
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     inputs = None
     if device is not None and torch.device(device).type == "cuda":
@@ -127,10 +132,8 @@ def make_inputs(module: Any, seed: int, adversarial: tuple[float, float] | None,
 def _seed_all(seed: int) -> None:
     """Seed torch (host and devices) and, where a task draws from them, Python's and NumPy's
     generators: the reference's process and the candidate's draw the same inputs from one seed."""
-    import random
-    import sys
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     torch.manual_seed(seed)
     random.seed(seed)
@@ -141,25 +144,10 @@ def _seed_all(seed: int) -> None:
 def build_model(cls: type, init_inputs: Sequence[Any], seed: int, device: Any) -> Any:
     """Construct `cls(*init_inputs)` right after `torch.manual_seed(seed)`, then move it: Model and
     ModelNew built this way draw the same random numbers in the same order for the same layers."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     torch.manual_seed(seed)
     return cls(*copy.deepcopy(list(init_inputs))).to(device)
-
-
-def weight_state(model: Any) -> dict[str, Any]:
-    return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
-
-
-def compare_weights(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
-    """Same-named parameters and buffers must be bitwise equal (they were built from one seed)."""
-    import torch
-
-    shared = [name for name in reference if name in candidate]
-    differ = [n for n in shared if reference[n].shape != candidate[n].shape
-              or reference[n].dtype != candidate[n].dtype
-              or not torch.equal(reference[n], candidate[n])]
-    return {"compared": len(shared), "differ": differ, "reference_count": len(reference)}
 
 
 def lowest_precision(tensors: Sequence[Any]) -> str:
@@ -186,9 +174,9 @@ class Trial:
 def run_reference(model: Any, trial_inputs: list[Any], device: Any, home: Any = "cpu") -> tuple[Any, list[int]]:
     """The reference output (a copy on `home`, as the inputs) for one set of inputs, and which inputs
     it mutated."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
-    from cutegen.evaluate.checks_dynamic import inputs_mutated
+    from cutegen.evaluate.checks_dynamic import inputs_mutated  # lazy: checks_dynamic loads torch
 
     args = to_device(trial_inputs, device)
     with torch.no_grad():
@@ -197,7 +185,7 @@ def run_reference(model: Any, trial_inputs: list[Any], device: Any, home: Any = 
 
 
 def all_finite(value: Any) -> bool:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     return all(bool(torch.isfinite(t).all()) for t in tensors_of(value) if t.is_floating_point())
 
@@ -210,9 +198,7 @@ EXACT_AGREEMENT = 1e-2
 def _float64_gaps(ref: Any, exact: Any) -> Iterator[tuple[slice, Any, Any]]:
     """(flat slice, the reference's chunk, float64 result minus reference) in float64 chunks of
     CHUNK_ELEMENTS on the float64 result's device; 0 where either is not finite."""
-    import torch
-
-    from cutegen.evaluate.compare import CHUNK_ELEMENTS
+    import torch  # lazy: loading torch takes seconds
 
     flat_r, flat_e = ref.detach().reshape(-1), exact.detach().reshape(-1)
     for start in range(0, flat_r.numel(), CHUNK_ELEMENTS):
@@ -241,9 +227,7 @@ def exact_delta(model64: Any, trial_inputs: list[Any], reference: Any, device: A
     differs from the reference by more than EXACT_AGREEMENT (relative L2), which rounding alone
     never does.
     """
-    import torch
-
-    from cutegen.evaluate.compare import flatten_outputs
+    import torch  # lazy: loading torch takes seconds
 
     if model64 is None or reference is None:
         return None, "no float64 copy of the reference model"
@@ -293,7 +277,7 @@ def round_mantissa(x: Any, dropped_bits: int) -> Any:
     """float32 `x` rounded to nearest (ties away from zero) with its `dropped_bits` low mantissa bits
     cleared: 13 gives TF32 (what cvt.rna.tf32 or a TF32 tensor core fed rounded operands computes
     with), 16 gives bfloat16's mantissa. Infinities and NaN are kept."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     bits = x.detach().contiguous().view(torch.int32)
     rounded = ((bits + (1 << (dropped_bits - 1))) & ~((1 << dropped_bits) - 1)).view(torch.float32)
@@ -313,7 +297,7 @@ class LeafBasis:
 def _rounded_copy(model64: Any, dropped_bits: int) -> Any:
     """A copy of the float64 model whose floating parameters are rounded as `round_mantissa` rounds
     (they hold float32 values: the reference's weights, cast)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     rounded = copy.deepcopy(model64)
     with torch.no_grad():
@@ -326,9 +310,7 @@ def _rounded_copy(model64: Any, dropped_bits: int) -> Any:
 def _float64_leaves(model64: Any, trial_inputs: list[Any], device: Any, dropped_bits: int | None = None) -> list[Any]:
     """The leaves of `model64`'s result on the trial's inputs in float64 (rounded first as
     `round_mantissa` rounds, with `dropped_bits`), with its parameters rounded alike."""
-    import torch
-
-    from cutegen.evaluate.compare import flatten_outputs
+    import torch  # lazy: loading torch takes seconds
 
     def operand(t: Any) -> Any:
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
@@ -344,7 +326,7 @@ def _float64_leaves(model64: Any, trial_inputs: list[Any], device: Any, dropped_
 def _sampled(ref: Any, exact: Any, seed: int) -> LeafBasis | None:
     """The float64 result of one leaf at up to PRECISION_SAMPLE elements drawn from `seed` (all of a
     smaller leaf), or None where it differs from the reference beyond EXACT_AGREEMENT there."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     index = None
     if exact.numel() > PRECISION_SAMPLE:
@@ -368,9 +350,7 @@ def precision_basis(model64: Any, trial_inputs: list[Any], reference: Any, devic
     `exact_delta`, no basis when a leaf is not a floating tensor of the reference's shape, when the
     float64 result disagrees with the reference beyond EXACT_AGREEMENT (random or dtype-specific
     forward), or when an op has no float64 version."""
-    import torch
-
-    from cutegen.evaluate.compare import flatten_outputs
+    import torch  # lazy: loading torch takes seconds
 
     if model64 is None or reference is None:
         return None, "no float64 copy of the reference model"
@@ -427,9 +407,7 @@ def rounding_slack(model: Any, model64: Any, trial_inputs: list[Any], reference:
     them. An element outside `|out - (ref + delta)| <= tol + slack` is farther from the exact result
     than the reference's own rounding reaches, by a margin no fp32-accurate candidate needs.
     """
-    import torch
-
-    from cutegen.evaluate.compare import flatten_outputs
+    import torch  # lazy: loading torch takes seconds
 
     if model is None or model64 is None or delta is None:
         return None, "no float64 result"
@@ -487,93 +465,10 @@ def reference_trial(module: Any, model: Any, spec: dict, device: Any, clean_fini
                  "skipped: the reference is not finite on heavy-tailed inputs")
 
 
-def candidate_trials(model_for: Any, trials: Sequence[Trial], device: Any, atol: float, rtol: float,
-                     hooks: Any) -> list[dict[str, Any]]:
-    """Run the candidate on every trial by the correctness protocol (EVALUATION.md, "Correctness").
-
-    - Trials: `correctness_trials` (default 5) sets of inputs from fresh seeds drawn with os.urandom
-      in the parent, plus `adversarial_trials` (default 1) heavy-tailed sets (`adversarial_like`).
-      Trial i uses weight seed i mod `weight_seeds` (default 2): Model and ModelNew are each built
-      right after `torch.manual_seed(weight_seed)` with the same init inputs (so weights match by
-      construction), and same-named parameters and buffers are then checked to be bitwise equal.
-    - All reference outputs were computed before the candidate's module was imported, under the
-      track's TF32 settings, and kept on the host.
-    - Each side gets its own copy of the inputs. Before the candidate's first call the device's free
-      memory is filled with NaN and released (`churn_free_memory`), so memory the candidate allocates
-      cannot still hold a reference result. A trial's reference reaches the device only after the
-      candidate's call on those inputs, so later trials can at most find a reference for other
-      inputs in freed memory; the calls that reuse earlier inputs (determinism, ghost probe, timing) churn again.
-    - Outputs must be exact torch.Tensor objects of the reference's shape, dtype and device
-      (`check_output_types`), with no NaN/Inf where the reference has none (`check_nonfinite`).
-    - An input the reference leaves unchanged must be unchanged after the candidate's call.
-    - Elementwise tolerance `|out - ref| <= atol + rtol * |ref|` (`compare_outputs`), with max abs,
-      max rel and relative L2 errors and the first mismatching elements reported. The reference is
-      also run in float64 (`exact_delta`, before the candidate is imported); an element outside the
-      tolerance passes when it is no farther from that float64 result than the reference itself is,
-      plus the tolerance: the reference's own rounding (a cancelling sum) is not held against a
-      candidate that is as accurate. Where a few elements (ENVELOPE_MAX_FRACTION) still fail, the
-      reference's rounding is drawn again (`rounding_slack`) and a wider envelope of it replaces that
-      distance. Such elements are counted (`within_reference_error`).
-    - Determinism (`determinism_run`): the first trial again, after another churn; the two outputs
-      must agree within a tenth of the tolerance (bitwise equality is reported too). Reordered
-      floating-point additions (atomics) stay well inside that; results that depend on leftover
-      memory or on a race do not.
-    - The parent applies the thresholds (`judge_correctness`); the worker only measures.
-    """
-    import torch
-
-    from cutegen.evaluate.checks_dynamic import inputs_mutated
-    from cutegen.evaluate.compare import compare_outputs, first_mismatches
-
-    results = []
-    for index, trial in enumerate(trials):
-        if trial.reference is None:
-            results.append({"index": index, "adversarial": trial.adversarial, "skipped": trial.note})
-            continue
-        args = to_device(trial.inputs, device)
-        if not results:
-            hooks.churn()
-        with torch.no_grad():
-            out = model_for(trial.weight)(*args)
-        hooks.synchronize()
-        ref = to_device(trial.reference, device)
-        findings = hooks.output_findings(out, ref)
-        mutated = [i for i in inputs_mutated(trial.inputs, args) if i not in trial.ref_mutates]
-        entry: dict[str, Any] = {"index": index, "adversarial": trial.adversarial, "note": trial.note,
-                                 "findings": findings, "mutated": mutated}
-        if not any(f["check"] == "check_output_types" for f in findings):
-            stats = compare_outputs(out, ref, atol, rtol, trial.exact_delta)
-            entry["errors"] = stats
-            if stats.mismatched_elements:
-                entry["first_mismatches"] = list(first_mismatches(out, ref, atol, rtol, ref_delta=trial.exact_delta))
-        results.append(entry)
-        del out, args, ref
-    return results
-
-
-def determinism_run(model: Any, trial: Trial, device: Any, atol: float, rtol: float,
-                    hooks: Any) -> dict[str, Any]:
-    """The candidate twice on identical inputs, with memory churned before each call."""
-    import torch
-
-    from cutegen.evaluate.compare import compare_outputs
-
-    outs = []
-    for _ in range(2):
-        args = to_device(trial.inputs, device)
-        hooks.churn()
-        with torch.no_grad():
-            outs.append(to_device(model(*args), "cpu"))
-        hooks.synchronize()
-    first, second = outs
-    tight = compare_outputs(second, first, atol * DETERMINISM_FACTOR, rtol * DETERMINISM_FACTOR)
-    return {"bitwise": bitwise_equal(first, second), "errors": tight}
-
-
 def bitwise_equal(first: Any, second: Any) -> bool:
     """Whether two forwards' tensors are the same, element for element, NaN where NaN (the
     determinism check's "bitwise"); the plain comparison first, as most outputs hold no NaN."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     pairs = list(zip(tensors_of(first), tensors_of(second)))
     return len(pairs) == len(tensors_of(first)) == len(tensors_of(second)) and all(
@@ -641,7 +536,6 @@ def judge_weights(weights: Sequence[dict[str, Any]]) -> CheckResult:
 
 def judge_trials(trials: Sequence[dict[str, Any]]) -> tuple[list[CheckResult], str | None, str | None]:
     """Checks for the trials, the first failed check's name and its feedback (None when all pass)."""
-    from cutegen.records import Finding
 
     count = len(trials)
     for entry in trials:
@@ -674,7 +568,6 @@ def judge_trials(trials: Sequence[dict[str, Any]]) -> tuple[list[CheckResult], s
 def judge_precision_entry(precision: Any, where: str) -> CheckResult:
     """The precision rule (compare.judge_precision) on one compared output: a trial's or a verified
     timed call's (`where` says which); passed when it was not measured."""
-    from cutegen.evaluate.compare import judge_precision
 
     reason = judge_precision(precision or [])
     if reason is None:
@@ -686,7 +579,6 @@ def judge_precision_entry(precision: Any, where: str) -> CheckResult:
 def precision_summary(entries: Sequence[dict[str, Any]]) -> CheckResult:
     """The passed precision check's detail over the trials: the worst error as a share of what the
     rule allows, the largest TF32/bf16 signature share, or why the rule did not apply."""
-    from cutegen.evaluate.compare import PrecisionStats
 
     judged = [PrecisionStats(**s) if isinstance(s, dict) else s for e in entries for s in (e.get("precision") or [])]
     equal = sum(1 for e in entries if e.get("precision") == [])

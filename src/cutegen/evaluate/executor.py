@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from cutegen.config import EvalConfig, ExecutorConfig
+from cutegen.evaluate.pipeline import evaluate_candidate
+from cutegen.evaluate.ray_executor import RayExecutor
+from cutegen.evaluate.service import Evaluator
 from cutegen.records import EvaluateRetry, Task, Verdict
 
 RetryNote = Callable[[EvaluateRetry], None]
@@ -54,7 +57,7 @@ def device_available(config: EvalConfig) -> bool:
     CUDA."""
     if config.device != "cuda":
         return True
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     return bool(torch.cuda.is_available())
 
@@ -63,8 +66,6 @@ class LocalExecutor:
     """This machine's evaluation service (the default). Nothing starts until the first evaluation."""
 
     def __init__(self, config: EvalConfig, *, build_jobs: int | None = None) -> None:
-        from cutegen.evaluate.service import Evaluator
-
         self.config = config
         self.service = Evaluator.for_config(config, build_jobs=build_jobs)
         self.lanes = len(self.service.lanes)
@@ -74,8 +75,6 @@ class LocalExecutor:
 
     def evaluate(self, path: Path, task: Task, config: EvalConfig, *, device_available: bool = True,
                  on_retry: RetryNote | None = None) -> Verdict:
-        from cutegen.evaluate.pipeline import evaluate_candidate
-
         return evaluate_candidate(path, task, config, self.service, device_available=device_available)
 
     def device_available(self) -> bool:
@@ -99,6 +98,5 @@ def make_executor(executor: ExecutorConfig | None, config: EvalConfig, *, build_
     """The executor `executor` names (None: local), for evaluations under `config`."""
     if executor is None or executor.kind == "local":
         return LocalExecutor(config, build_jobs=build_jobs)
-    from cutegen.evaluate.ray_executor import RayExecutor
 
     return RayExecutor(executor, config, build_jobs=build_jobs)

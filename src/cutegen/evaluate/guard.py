@@ -73,6 +73,9 @@ What remains possible, and what still catches it:
 
 from __future__ import annotations
 
+import _imp
+import _signal
+import _thread
 import gc
 import importlib.machinery
 import os
@@ -86,6 +89,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType
 from typing import Any, Callable, Iterable
+
+import cutegen
 
 READ_EVENT = "cutegen.guard.findings"  # the worker reads the record: the hook answers with a copy
 CALL_EVENT = "cutegen.guard.call"  # a replaced builtin, called through the hook that holds the original
@@ -156,8 +161,6 @@ def _folders(paths: Iterable[str | Path]) -> tuple[str, ...]:
 def places(scratch: str | Path, trusted: Iterable[str | Path] = ()) -> Places:
     """The places of this interpreter: its standard library, its site folders and cutegen's package
     (trusted), `trusted` (folders a test adds), the scratch directory and /dev (writable)."""
-    import cutegen
-
     paths = sysconfig.get_paths()
     stdlib = [paths[k] for k in ("stdlib", "platstdlib") if k in paths]
     sites = [paths[k] for k in ("purelib", "platlib") if k in paths] + list(site.getsitepackages())
@@ -257,9 +260,8 @@ class Judge:
         self.refusals: list[str] = []
         self.count = 0
         self.loaders = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
-        import _signal
-
         self.getsignal, self.get_debug = _signal.getsignal, gc.get_debug  # held: patching the modules hides nothing
+        self.plain_handlers = (_signal.default_int_handler,)  # a builtin partial could still store the frame
         self.handlers = {s: self.getsignal(s) for s in _signal.valid_signals() if self._settable(s)}
         self.gc_debug = self.get_debug()
         self.rules = {kind: getattr(self, f"_on_{kind}") for kind in set(EVENT_KINDS.values()) | {"ctypes"}
@@ -346,8 +348,12 @@ class Judge:
             if self._is_socket(path) and self.asker(frame)[0] == CANDIDATE:
                 return "the judge's channel (a socket descriptor)"
             return None
-        if "mem" in str(path) or os.path.islink(os.fsdecode(path)):  # resolved only where it could be
-            if _PROCESS_MEMORY.match(_resolved(path) or "") and self.asker(frame)[0] == CANDIDATE:
+        try:
+            text = os.fsdecode(path)  # type: ignore[arg-type]
+        except TypeError:
+            return None  # not a path: open itself refuses it
+        if "mem" in text or os.path.islink(text):  # resolved only where it could name the memory file
+            if _PROCESS_MEMORY.match(_resolved(text) or "") and self.asker(frame)[0] == CANDIDATE:
                 return "process memory"
         if not _is_write(args) or _inside(path, self.where.writable) or self.asker(frame)[0] != CANDIDATE:
             return None
@@ -459,18 +465,25 @@ class Judge:
             self.refusals.append(reason)
 
     def findings(self) -> list[str]:
-        """The refusals, then what was changed that no event shows: a signal handler of the candidate's
-        (set through a copy of signal that escaped the replacement), gc keeping what it collects."""
+        self._notice()
         found = list(self.refusals)
         if self.count > len(self.refusals):
             found.append(f"... {self.count - len(self.refusals)} more refusals")
+        return found
+
+    def _notice(self) -> None:
+        """Record, once, what was changed that no event shows: a signal handler of the candidate's (set
+        through a copy of signal that escaped the replacement), gc keeping all it collects in gc.garbage.
+        A change made and undone between two reads is not seen."""
         for signum, before in self.handlers.items():
             now = self.getsignal(signum)
-            if now is not before and callable(now) and self._foreign(now):
-                found.append(f"signal {signum}: {DESCRIPTIONS['signal']}")
-        if self.get_debug() & gc.DEBUG_SAVEALL and not self.gc_debug & gc.DEBUG_SAVEALL:
-            found.append("gc.set_debug(DEBUG_SAVEALL): heap walk (gc.garbage keeps every collected object)")
-        return found
+            if now is not before and callable(now) and now not in self.plain_handlers and self._foreign(now):
+                self.record(f"signal {signum}: {DESCRIPTIONS['signal']}")
+            self.handlers[signum] = now
+        debug = self.get_debug()
+        if debug & gc.DEBUG_SAVEALL and not self.gc_debug & gc.DEBUG_SAVEALL:
+            self.record("gc.set_debug(DEBUG_SAVEALL): heap walk (gc.garbage keeps every collected object)")
+        self.gc_debug = debug
 
 
 def _same_text(source: bytes | str, filename: str) -> bool:
@@ -514,7 +527,7 @@ def _make_hook(judge: Judge) -> Callable[[str, tuple], None]:
         reason, then = None, None
         try:
             frame = getframe(1)
-            if kind == "ctypes" and trusted_code(frame.f_code) == TRUSTED:  # a kernel launch: one lookup
+            if kind == "ctypes" and trusted_code(frame.f_code) == TRUSTED:  # trusted code's own ctypes call
                 return
             if kind == "read":
                 args[0].extend(judge.findings())
@@ -568,10 +581,6 @@ def _guarded_create_builtin(spec: Any, /) -> Any:
 
 def _replace_builtins() -> dict[str, Callable[..., Any]]:
     """Put the replacements where the originals were reachable; return the originals (for the hook)."""
-    import _imp
-    import _signal
-    import _thread
-
     thread_holders = [(_thread, "start_new_thread"), (_thread, "start_new"), (threading, "_start_new_thread")]
     plan = {"start_new_thread": (_thread.start_new_thread, _guarded_start_new_thread, thread_holders),
             "signal": (_signal.signal, _guarded_signal, [(_signal, "signal")]),

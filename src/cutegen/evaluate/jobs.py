@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cutegen.config import HALF_DTYPES
+from cutegen.evaluate.correctness import trial_plan, unpredictable_seed
 from cutegen.records import to_json
 
 
 def _tolerances(config: Any) -> dict[str, list[float]]:
-    from cutegen.config import HALF_DTYPES
-
     return {d: list(config.tolerance(d)) for d in ("float32", "float64") + HALF_DTYPES}
 
 
@@ -29,7 +29,6 @@ def reference_job(task: Any, config: Any, *, trials: int, adversarial: int, weig
     """The `reference` command's payload, with fresh seeds. `exact`: comparisons may use the float64
     result (only candidates' comparisons need it). `reusable`: the worker may take another task's
     reference job after `release` (a suite's baselines; never a process that serves candidates)."""
-    from cutegen.evaluate.correctness import trial_plan, unpredictable_seed
 
     return {
         "task": to_json(task),

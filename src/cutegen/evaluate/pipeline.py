@@ -16,18 +16,35 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cutegen.config import HALF_DTYPES, OWN_KERNEL_BACKENDS, EvalConfig
-from cutegen.errors import ConfigError, ToolchainError
-from cutegen.evaluate.anticheat import applies
-from cutegen.evaluate.clock import RETRY_BATCHES
-from cutegen.evaluate.confine import after_evaluation, before_evaluation
+from cutegen.errors import ConfigError, TaskError, ToolchainError
+from cutegen.evaluate.anticheat import applies, judge_dynamic_checks
+from cutegen.evaluate.checks_static import run_static_checks, static_checks_for
+from cutegen.evaluate.clock import (
+    RETRY_BATCHES, BatchClock, clock_ratio, judge_parent_clock, overhead_per_call_ms, prompt_wakeups,
+)
+from cutegen.evaluate.confine import after_evaluation, before_evaluation, build_reported
+from cutegen.evaluate.contention import BUSY_FAILURES, BUSY_WAITS_S, describe, foreign_gpu_use
+from cutegen.evaluate.correctness import (
+    aggregate_errors, error_stats, judge_determinism, judge_precision_entry, judge_trials, judge_weights,
+    unpredictable_seed,
+)
+from cutegen.evaluate.jobs import candidate_job
+from cutegen.evaluate.service import Evaluator
+from cutegen.evaluate.sol import physical_peaks, work_bound_ms
+from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize
+from cutegen.evaluate.transfer import uses_ipc
 from cutegen.evaluate.verdict import Stop, VerdictBuilder, correct_feedback, crash_line, died_feedback, \
     error_failure, timing_feedback
-from cutegen.records import CheckResult, Finding, Task, Verdict
+from cutegen.evaluate.worker import WorkerDied, WorkerPool
+from cutegen.records import CheckResult, Finding, Task, Verdict, to_json
+from cutegen.tasks import source_sha256
+from cutegen.trace import trace_task
 
 
 class NeedsDevice(Exception):
@@ -63,8 +80,6 @@ def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | 
                     device_available: bool = True) -> Verdict:
     """`evaluate_candidate` on the candidate's source text (an executor on another machine receives
     the source by value: the driver's file is not there)."""
-    from cutegen.evaluate.service import Evaluator
-    from cutegen.tasks import source_sha256
 
     run = VerdictBuilder(task.task_id, source_sha256(source), config)
     own = service is None
@@ -98,9 +113,8 @@ def evaluate_source(source: str, task: Task, config: EvalConfig, service: Any | 
 
 
 def _static_stage(run: VerdictBuilder, source: str, config: EvalConfig) -> None:
-    from cutegen.evaluate.checks_static import run_static_checks
-
     findings = tuple(run_static_checks(source, backend=config.backend))
+    run.note_run(*(check.__name__ for check in static_checks_for(config.backend)))
     if not findings:
         run.add(CheckResult("static", "static", True, "no findings"))
         return
@@ -142,8 +156,6 @@ class _Calls:
         self.run, self.worker, self.config = run, worker, config
 
     def __call__(self, command: str, payload: Any = None, step: str | None = None) -> Any:
-        from cutegen.evaluate.worker import WorkerDied
-
         build = command == "build"
         timeout = self.config.build_timeout_s if build else self.config.run_timeout_s
         started = time.perf_counter()
@@ -183,8 +195,6 @@ class _ReferenceCalls:
         self.run, self.lane, self.ref, self.config, self.candidate_call = run, lane, ref, config, call
 
     def __call__(self, command: str, payload: Any = None, step: str | None = None) -> Any:
-        from cutegen.evaluate.transfer import uses_ipc
-
         reply = self._send(command, payload, step)
         if not reply["ok"] and reply["error"].get("type") != "TransferError" and reply.get("cuda_ok", True) and \
                 any(uses_ipc(payload.get(k)) for k in self._DESCRIPTORS if isinstance(payload, dict)):
@@ -208,8 +218,6 @@ class _ReferenceCalls:
         return reply["data"]
 
     def _send(self, command: str, payload: Any, step: str | None) -> dict[str, Any]:
-        from cutegen.evaluate.worker import WorkerDied
-
         started = time.perf_counter()
         try:
             return self.ref.worker.call(command, payload, timeout_s=self.config.run_timeout_s)
@@ -226,9 +234,8 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
     """`_memory_attempts`, measured again while processes outside this evaluator share the GPU and the
     candidate failed for memory or time (contention.py): after each wait a new attempt, and if the GPU
     is still shared at the end, the infrastructure verdict `gpu_busy` instead of the candidate's failure."""
-    from cutegen.evaluate.contention import BUSY_FAILURES, BUSY_WAITS_S, describe, foreign_gpu_use
 
-    checks, fields = list(run.checks), dict(run.fields)  # the static and build stages' (kept on a retry)
+    checks, fields, ran = list(run.checks), dict(run.fields), dict(run.checks_run)  # the static and build stages'
     run = _memory_attempts(run, source, task, config, lane)
     foreign: dict[int, int] = {}
     for wait_s in BUSY_WAITS_S[:config.busy_retries]:
@@ -240,6 +247,7 @@ def _lane_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalCon
         time.sleep(wait_s)
         again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
         again.checks, again.fields, again.stage_s = list(checks), dict(fields), dict(run.stage_s)
+        again.checks_run = dict(ran)
         again.add(CheckResult("busy_retry", run.stage, True, f"{run.failure} while {describe(foreign)} shared the"
                               f" GPU; evaluated again after {wait_s:g} s"))
         run = _memory_attempts(again, source, task, config, lane)
@@ -263,6 +271,7 @@ def _memory_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalC
     must not fail for the evaluator's memory. The builder whose verdict counts is returned; a
     retried verdict carries a `memory_retry` check that says what was freed."""
     checks, fields = list(run.checks), dict(run.fields)  # the static and build stages' (kept on a retry)
+    ran = dict(run.checks_run)
     try:
         _lane_stages(run, source, task, config, lane)
         return run
@@ -273,7 +282,7 @@ def _memory_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalC
         if not freed:
             return run
     again = VerdictBuilder(task.task_id, run.base["candidate_sha256"], config)
-    again.checks, again.fields, again.stage_s = checks, fields, dict(run.stage_s)
+    again.checks, again.fields, again.stage_s, again.checks_run = checks, fields, dict(run.stage_s), ran
     again.add(CheckResult("memory_retry", "correctness", True, f"the first attempt ran out of device memory while"
                           f" the evaluator held {freed}; that was freed and the candidate evaluated again"))
     try:
@@ -284,8 +293,6 @@ def _memory_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalC
 
 
 def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> None:
-    from cutegen.evaluate.jobs import candidate_job
-
     ref = lane.ready_reference(task, config)
     for step, seconds in ref.seconds.items():
         run.stage_s.setdefault(step, seconds)
@@ -302,6 +309,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
         try:
             run.stage = "build"
             call("setup", candidate_job(task, config, ref.job, ref.data, lane.evaluator.transfer))
+            run.note_run("worker_protocol", *(["guard_refused"] if config.guard else []))  # every reply, from here on
             calibration = None
             if config.do_timing:  # the parent's clock is calibrated while the worker is still the judge's alone
                 started = time.perf_counter()
@@ -397,9 +405,9 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
     - Determinism: the first trial again, twice, with churn before each call; the two outputs must
       agree within a tenth of the tolerance (bitwise equality is reported too).
     """
-    from cutegen.evaluate.correctness import judge_determinism, judge_trials, judge_weights, aggregate_errors, \
-        error_stats
 
+    run.note_run("check_output_types", "inputs_mutated", "check_nonfinite",
+                 *(["churn_free_memory"] if config.device == "cuda" else []))
     weights = call("weights")
     _judge_integrity(run, weights)
     check = judge_weights([_compare_prints(r, c) for r, c in zip(ref.data["weights"], weights["weights"])])
@@ -462,7 +470,8 @@ def _trial_failed(entry: dict[str, Any]) -> bool:
 
 
 def _compare_prints(reference: dict[str, str], candidate: dict[str, str]) -> dict[str, Any]:
-    """correctness.compare_weights on fingerprints: same-named parameters and buffers must match."""
+    """The weights check on fingerprints: same-named parameters and buffers must match (they were built
+    from one seed)."""
     shared = [name for name in reference if name in candidate]
     return {"compared": len(shared), "differ": [n for n in shared if reference[n] != candidate[n]],
             "reference_count": len(reference)}
@@ -472,7 +481,6 @@ def _check_inputs(run: VerdictBuilder, ref: Any, made: dict[str, Any], prints: l
     """The candidate's worker must have drawn the reference's inputs: otherwise the comparison would
     judge it on inputs the reference never saw. A mismatch is the task's (its get_inputs() draws
     from something other than the seed), not the candidate's."""
-    from cutegen.errors import TaskError
 
     if prints != made["fingerprints"]:
         raise TaskError(f"Task {run.base['task_id']}: the inputs drawn again from trial {made['index']}'s seed"
@@ -501,15 +509,12 @@ def _anticheat_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, con
 
 
 def _seeds(count: int) -> list[int]:
-    from cutegen.evaluate.correctness import unpredictable_seed
-
     return [unpredictable_seed() for _ in range(count)]
 
 
 def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, Any]:
     """Before the candidate's import: the timing loop's own cost per call on the parent's clock
     (clock.py), and the cost of exporting one retained output."""
-    from cutegen.evaluate.clock import BatchClock, overhead_per_call_ms, prompt_wakeups
 
     wanted = min(config.timed_batch_calls, config.timing_trials)
     setup = call("calibrate", {"calls": wanted, "warmup_seeds": _seeds(2)}, step="calibrate")
@@ -537,8 +542,6 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
     """Timed batches of the given sizes (runner.timed_batch); after each has returned, the parent draws
     which `checks` of its calls to verify (all of them when `checks` >= the batch) and the reference
     process compares those outputs with its own on the same inputs."""
-    from cutegen.evaluate.clock import BatchClock, prompt_wakeups
-    from cutegen.evaluate.timing import random_trials
 
     data: dict[str, Any] = {"times_ms": [], "stream_ms": [], "idle_ms": [], "clocks": [], "export_ms": [],
                             "validated": []}
@@ -588,6 +591,7 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
 
 def _judge_integrity(run: VerdictBuilder, data: dict[str, Any]) -> None:
     """Global state and threads must be as they were before the candidate's import."""
+    run.note_run("global_state_changes", "new_threads")
     if data.get("guard_refusals"):
         refused = "; ".join(str(r) for r in data["guard_refusals"][:5])
         run.fail("guard_refused", f"The judge's guard refused the candidate: {refused}. Candidate code may not read"
@@ -614,8 +618,6 @@ def _judge_build(run: VerdictBuilder, data: dict[str, Any]) -> None:
 
 
 def _judge_anticheat(run: VerdictBuilder, data: dict[str, Any], config: EvalConfig) -> None:
-    from cutegen.evaluate.anticheat import judge_dynamic_checks
-
     for check in judge_dynamic_checks(data, config.backend):
         if not check.passed:
             run.fail_check(check, f"Anti-cheat check {check.name} failed: {check.detail}")
@@ -624,8 +626,6 @@ def _judge_anticheat(run: VerdictBuilder, data: dict[str, Any], config: EvalConf
 
 
 def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what: str) -> None:
-    from cutegen.evaluate.correctness import error_stats, judge_precision_entry
-
     for entry in validated:
         stats = error_stats(entry["errors"])
         if stats.mismatched_elements:
@@ -640,8 +640,6 @@ def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what:
 
 
 def _clock_check(data: dict[str, Any], calibration: dict[str, Any]) -> CheckResult:
-    from cutegen.evaluate.clock import judge_parent_clock
-
     median = statistics.median(data["times_ms"]) if data["times_ms"] else 0.0
     return judge_parent_clock(data["clocks"], calibration["overhead_ms"], data["export_ms"],
                               calibration["export_ms"], median)
@@ -657,9 +655,6 @@ def _judge_clock(run: VerdictBuilder, data: dict[str, Any], calibration: dict[st
 
 def _judge_timing(run: VerdictBuilder, data: dict[str, Any], calibration: dict[str, Any], task: Task,
                   config: EvalConfig, ref: Any, dtype: str) -> None:
-    from cutegen.evaluate.clock import clock_ratio
-    from cutegen.evaluate.timing import summarize
-
     _judge_integrity(run, data)
     _judge_validated(run, data["validated"], "timed call")
     run.set(parent_clock_ratio=clock_ratio(data["clocks"], calibration["overhead_ms"]))
@@ -690,7 +685,6 @@ def _judge_streams(run: VerdictBuilder, stream_ms: list[float], idle_ms: list[fl
     that the caller's stream, and an end event recorded on it, finish early: the device-wide wait
     after each timed call shows that work outlasted the stream (`timing.hidden_work_trials`). A trial
     or two can exceed the limit through host jitter alone, so the check fails only when most do."""
-    from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials
 
     trials, hidden = len(idle_ms), hidden_work_trials(stream_ms, idle_ms, limit_ms)
     past = hidden_work_trials(stream_ms, idle_ms, limit_ms, share=0.0)  # the trials timed to the idle device
@@ -709,8 +703,6 @@ STRICT_BATCHES = 2  # batches of the strongest verification (every call checked)
 def _work_bound_ms(task: Task, config: EvalConfig, peaks: Any, dtype: str) -> float | None:
     """The reference algorithm's work bound at the hardware's peaks (sol.physical_peaks: the larger of
     datasheet and measured), or None when the peaks are unknown."""
-    from cutegen.evaluate.sol import work_bound_ms
-    from cutegen.trace import trace_task
 
     if peaks is None:
         return None
@@ -724,9 +716,8 @@ def _under_work_bound(times_ms: list[float], task: Task, config: EvalConfig, pea
 
 def _output_floor_ms(ref: Any, peaks: Any) -> float | None:
     """Writing the outputs once at the hardware's peak bandwidth: no kernel that produces them is faster."""
-    from cutegen.evaluate.sol import physical_peaks
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if peaks is None:
         return None
@@ -788,11 +779,6 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
     builds again and judges it. One row per path: ok, wall_s, error, and each kernel's name, arch,
     whether the cache had it and nvcc's seconds. The public entry of `cutegen prebuild`.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from cutegen.evaluate.confine import build_reported
-    from cutegen.evaluate.worker import WorkerDied, WorkerPool
-    from cutegen.records import to_json
 
     if not config.runtime.arch:
         raise ConfigError("Prebuilding needs the target architecture.", "Set RuntimeConfig.arch, e.g. sm_90a.")

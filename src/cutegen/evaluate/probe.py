@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cutegen.evaluate.compare import compare_outputs, flatten_outputs
+from cutegen.evaluate.compare import CHUNK_ELEMENTS, _abs_diff, _threshold, compare_outputs, flatten_outputs
 
 
 def _trivial_answers(refs: list[Any], inputs: list[Any]) -> dict[str, list[Any]]:
@@ -31,7 +31,7 @@ def _trivial_answers(refs: list[Any], inputs: list[Any]) -> dict[str, list[Any]]
 
 
 def _mean(tensor: Any) -> float:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if tensor.numel() == 0:
         return 0.0
@@ -66,9 +66,7 @@ def trivial_solution_probe(ref_outputs: Any, inputs: list[Any], atol: float, rto
     The same rule as `trivial_mismatch_fractions`, without its counts: each answer is built chunk by
     chunk on the outputs' device (never a full-size zeros or copy) and dropped at its first failing
     element, so on a gigabyte output an answer that fails costs one chunk."""
-    import torch
-
-    from cutegen.evaluate.compare import CHUNK_ELEMENTS, _abs_diff, _threshold
+    import torch  # lazy: loading torch takes seconds
 
     refs = flatten_outputs(ref_outputs)
     if not refs or not all(isinstance(r, torch.Tensor) for r in refs):

@@ -22,7 +22,12 @@ import sys
 import time
 from typing import Any, Callable
 
+from cutegen.evaluate.context import runtime_from_json
 from cutegen.evaluate.failure import describe_error
+from cutegen.evaluate.guard import GuardRefused, findings
+from cutegen.evaluate.reference import ReferenceSession
+from cutegen.evaluate.runner import CandidateSession, import_and_build
+from cutegen.evaluate.sol import measure_peaks
 
 REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
@@ -34,7 +39,6 @@ CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run
 
 def _cmd_reference(state: dict, payload: Any) -> Any:
     """A reference job. A worker that served a reusable job and released it may take another."""
-    from cutegen.evaluate.reference import ReferenceSession
 
     if state.get("role") not in (None, "reference") or "session" in state or \
             (state.get("jobs") and not state.get("reusable")):
@@ -47,7 +51,6 @@ def _cmd_reference(state: dict, payload: Any) -> Any:
 
 def _cmd_setup(state: dict, payload: Any) -> Any:
     """A candidate's job: one per worker, in a process that never held a reference."""
-    from cutegen.evaluate.runner import CandidateSession
 
     if state.get("role") is not None:
         raise RuntimeError("this worker has served a job already: a candidate needs a fresh worker")
@@ -63,7 +66,7 @@ def _cmd_release(state: dict, payload: Any) -> Any:
     every GEMM task's worker from being reused on an H200) and the allocator's free blocks. Returns
     what the task changed in torch's global state and the device memory still allocated: a worker
     with either is not fit for the next task."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if state.get("role") == "candidate":
         state["session"].release()
@@ -89,8 +92,6 @@ def _cmd_release(state: dict, payload: Any) -> Any:
 def _cmd_prebuild(state: dict, payload: Any) -> Any:
     """Import the candidate, confined (confine.py), and report its kernels' sources: the parent, trusted,
     compiles them into the shared build cache, which this process may not write."""
-    from cutegen.evaluate.context import runtime_from_json
-    from cutegen.evaluate.runner import import_and_build
 
     started = time.perf_counter()
     _, kernels = import_and_build(payload["source"], runtime_from_json(payload.get("runtime")),
@@ -99,8 +100,6 @@ def _cmd_prebuild(state: dict, payload: Any) -> Any:
 
 
 def _cmd_peaks(state: dict, payload: Any) -> Any:
-    from cutegen.evaluate.sol import measure_peaks
-
     return measure_peaks()
 
 
@@ -119,7 +118,6 @@ def _session_command(name: str, role: str) -> Callable[[dict, Any], Any]:
 def _refuse_after_a_refusal() -> None:
     """Once the guard has refused the candidate an operation, the candidate does not run again: a candidate
     that caught the refusal gains no further call (guard.py); the reply names what was refused."""
-    from cutegen.evaluate.guard import GuardRefused, findings
 
     refused = findings()
     if refused:
@@ -153,7 +151,7 @@ def run_command(state: dict[str, Any], command: str, payload: Any) -> dict[str, 
 
 def cuda_healthy() -> bool:
     """False when the CUDA context is broken (a sticky error): synchronize and run a tiny kernel."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return True

@@ -34,15 +34,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cutegen.config import EvalConfig, ExecutorConfig
+from cutegen.config import EvalConfig, ExecutorConfig, ProfileConfig
 from cutegen.errors import ClusterError, ConfigError, CutegenError, TaskError, ToolchainError
-from cutegen.records import EvaluateRetry, Task, Verdict, to_json
+from cutegen.evaluate.pipeline import NeedsDevice, evaluate_source, read_candidate
+from cutegen.evaluate.service import Evaluator
+from cutegen.profile.run import NcuProfiler, make_profiler
+from cutegen.records import EvaluateRetry, Task, Verdict, from_json, to_json
+from cutegen.tasks import source_sha256
 
 _ERRORS = {cls.__name__: cls for cls in (TaskError, ConfigError, ToolchainError, ClusterError)}
 
@@ -50,7 +55,7 @@ _ERRORS = {cls.__name__: cls for cls in (TaskError, ConfigError, ToolchainError,
 def import_ray() -> Any:
     """The ray module, or a ConfigError that says how to install it."""
     try:
-        import ray
+        import ray  # lazy: ray is optional (cutegen[ray])
     except ImportError:
         raise ConfigError("--executor ray needs the ray package, which is not installed here.",
                           'Install it with `pip install "cutegen[ray]"` (ray>=2.9) on the driver and on every node'
@@ -66,9 +71,7 @@ class EvaluationNode:
     docstring). Wrapped by `ray.remote` when the executor starts, so this module imports no ray."""
 
     def __init__(self, device: str, resource: str, build_jobs: int | None, log_tail_bytes: int) -> None:
-        import ray
-
-        from cutegen.evaluate.service import Evaluator
+        import ray  # lazy: ray is optional (cutegen[ray])
 
         self.gpu = _assigned_gpu(ray) if device == "cuda" else 0
         jobs = build_jobs if build_jobs is not None else _node_build_jobs(ray, resource)
@@ -101,11 +104,6 @@ class EvaluationNode:
 
     def profile(self, source: str, task_json: dict, config_json: dict, profile_json: dict) -> dict[str, Any]:
         """The agent's profiler on this actor's GPU, holding its lane; its text and its notices."""
-        import tempfile
-
-        from cutegen.config import ProfileConfig
-        from cutegen.journal import from_json
-        from cutegen.profile.run import make_profiler
 
         task, config = _decode(task_json, config_json, self.gpu)
         notes: list[str] = []
@@ -121,7 +119,6 @@ class EvaluationNode:
 
 def _decode(task_json: dict, config_json: dict, gpu: int) -> tuple[Task, EvalConfig]:
     """The task and the evaluation settings sent by the driver, the settings bound to this actor's GPU."""
-    from cutegen.journal import from_json
 
     return from_json(Task, task_json), replace(from_json(EvalConfig, config_json), gpus=(gpu,))
 
@@ -129,7 +126,6 @@ def _decode(task_json: dict, config_json: dict, gpu: int) -> tuple[Task, EvalCon
 def _evaluate_here(service: Any, gpu: int, source: str, task_json: dict, config_json: dict,
                    device_available: bool) -> dict[str, Any]:
     """One evaluation on this node; the verdict, or what stopped it, as JSON."""
-    from cutegen.evaluate.pipeline import NeedsDevice, evaluate_source
 
     task, config = _decode(task_json, config_json, gpu)
     try:
@@ -257,9 +253,6 @@ class RayExecutor:
 
     def evaluate(self, path: Path, task: Task, config: EvalConfig, *, device_available: bool = True,
                  on_retry: Any = None) -> Verdict:
-        from cutegen.evaluate.pipeline import read_candidate
-        from cutegen.tasks import source_sha256
-
         source = read_candidate(path)
         args = (source, to_json(task), to_json(config), device_available)
         for attempt in range(self.settings.max_retries + 1):
@@ -333,8 +326,6 @@ class RayExecutor:
     def profile(self, profiler: Any, path: Path, task: Task, config: EvalConfig) -> str | None:
         """Nsight Compute (profile.run.NcuProfiler, with its settings) on a GPU of the cluster, on the
         actor the task's evaluations go to; a caller's own profiler runs here, in the driver."""
-        from cutegen.evaluate.pipeline import read_candidate
-        from cutegen.profile.run import NcuProfiler
 
         if not isinstance(profiler, NcuProfiler):
             return profiler(path, task, config)
@@ -372,8 +363,6 @@ class RayExecutor:
 
 def _rebuild(reply: dict[str, Any]) -> Verdict:
     """The actor's answer as the local pipeline gives it: a Verdict, or the exception it raised."""
-    from cutegen.evaluate.pipeline import NeedsDevice
-    from cutegen.journal import from_json
 
     if "verdict" in reply:
         return from_json(Verdict, reply["verdict"])

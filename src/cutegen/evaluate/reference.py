@@ -21,11 +21,25 @@ Every command replies with measurements; the parent decides the verdict.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
+import sys
 import time
 from typing import Any
 
+from cutegen.evaluate import correctness as c
+from cutegen.evaluate.compare import compare_outputs, compare_precision, fingerprint, first_mismatches, flatten_outputs
+from cutegen.evaluate.context import apply_track, task_from_json
+from cutegen.evaluate.correctness import (
+    ENVELOPE_MAX_FRACTION, exact_delta, exact_model, make_inputs, precision_basis, reference_trial, rounding_slack,
+    unpredictable_seed,
+)
+from cutegen.evaluate.probe import trivial_solution_probe
+from cutegen.evaluate.timing import compile_reference, time_baseline
+from cutegen.evaluate.transfer import TransferError, open_outputs
 from cutegen.records import to_json
+from cutegen.tasks import task_module
 
 OOM_RETRY_S = 3.0  # before a reference that ran out of device memory tries again there
 
@@ -38,8 +52,6 @@ def _not_dumpable() -> None:
     """Mark this process non-dumpable (Linux prctl PR_SET_DUMPABLE 0): another process of the same
     user, a candidate's among them, can then neither ptrace it nor read /proc/PID/mem, where the
     reference outputs are (root still can). Elsewhere nothing happens."""
-    import ctypes
-    import sys
 
     if sys.platform.startswith("linux"):
         try:
@@ -52,10 +64,7 @@ class ReferenceSession:
     """The state a task's reference process keeps between candidates."""
 
     def __init__(self, job: dict[str, Any]) -> None:
-        import torch
-
-        from cutegen.evaluate.context import apply_track, task_from_json
-        from cutegen.tasks import task_module
+        import torch  # lazy: loading torch takes seconds
 
         self.job = job
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
@@ -87,13 +96,13 @@ class ReferenceSession:
 
     @staticmethod
     def _global_state() -> dict[str, str]:
-        from cutegen.evaluate.checks_dynamic import snapshot_global_state
+        from cutegen.evaluate.checks_dynamic import snapshot_global_state  # lazy: checks_dynamic loads torch
 
         return snapshot_global_state()
 
     def state_changes(self) -> list[str]:
         """What a reusable job's task changed in torch's global state since the job began."""
-        from cutegen.evaluate.checks_dynamic import global_state_changes
+        from cutegen.evaluate.checks_dynamic import global_state_changes  # lazy: checks_dynamic loads torch
 
         if self.state_at_start is None:
             return []
@@ -102,7 +111,7 @@ class ReferenceSession:
     # -- the reference, once
 
     def reference(self) -> dict[str, Any]:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         for attempt in range(2):
             try:
@@ -118,11 +127,9 @@ class ReferenceSession:
         return self._reference()
 
     def _reference(self) -> dict[str, Any]:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
-        from cutegen.evaluate import correctness as c
-        from cutegen.evaluate.checks_dynamic import output_spec
-        from cutegen.evaluate.compare import fingerprint, flatten_outputs
+        from cutegen.evaluate.checks_dynamic import output_spec  # lazy: checks_dynamic loads torch
 
         job = self.job
         torch.manual_seed(job["init_seed"])
@@ -171,9 +178,7 @@ class ReferenceSession:
                 "memory_bytes": self.memory_bytes()}
 
     def _describe(self, index: int, trial: Any) -> dict[str, Any]:
-        from cutegen.evaluate.compare import fingerprint
-
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         prints = [fingerprint(x) if isinstance(x, torch.Tensor) else repr(x) for x in (trial.inputs or [])]
         trial.fingerprints = prints
@@ -185,14 +190,13 @@ class ReferenceSession:
     def _probe(self, trial: Any, names: list[str] | None) -> list[str]:
         """The trivial answers (zeros, a constant, an input) among `names` (all, when None) that pass
         this clean trial's reference: over the trials, those that pass every one."""
-        from cutegen.evaluate.probe import trivial_solution_probe
 
         passing = list(trivial_solution_probe(trial.reference, trial.inputs, self.atol, self.rtol))
         return passing if names is None else [n for n in names if n in passing]
 
     def memory_bytes(self) -> int:
         """Device memory this process holds (its allocator's reserve included)."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         return int(torch.cuda.memory_reserved()) if self.device.type == "cuda" else 0
 
@@ -203,7 +207,7 @@ class ReferenceSession:
         timing), and after each `compare_fresh` of a timed call, whose reference output answers
         inputs no later call gets. Otherwise, while candidates are served, freed blocks (float64 chunks of reference
         outputs among them) stay in this process's allocator, out of a candidate's reach."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -215,10 +219,7 @@ class ReferenceSession:
         elements where the reference is finite, the tolerance rule (with the trial's float64 result
         when the plain rule fails somewhere, and its rounding drawn again when a few elements still
         fail: compare.py), and the first mismatching elements."""
-        from cutegen.evaluate.checks_dynamic import check_nonfinite
-        from cutegen.evaluate.compare import compare_outputs, first_mismatches, flatten_outputs
-        from cutegen.evaluate.correctness import ENVELOPE_MAX_FRACTION
-        from cutegen.evaluate.transfer import open_outputs
+        from cutegen.evaluate.checks_dynamic import check_nonfinite  # lazy: checks_dynamic loads torch
 
         index = int(payload["trial"])
         trial = self.trials[index]
@@ -264,7 +265,6 @@ class ReferenceSession:
     def _precision(self, index: int, outs: Any, refs: list[Any], stats: Any) -> tuple[Any, str | None]:
         """(per output leaf, compare.compare_precision of the candidate's outputs, or None; why not).
         An output equal to the reference everywhere is as precise as it: [] without a float64 run."""
-        from cutegen.evaluate.compare import compare_precision
 
         why = self.precision_rule()
         if why is not None or stats.max_abs_error == math.inf:
@@ -282,9 +282,7 @@ class ReferenceSession:
         the reference is computed, before any candidate runs: a candidate that holds the device's
         memory cannot then deny the rule its float64 results. Running out of memory there is not
         kept: the comparison tries again."""
-        import torch
-
-        from cutegen.evaluate.correctness import exact_model, precision_basis, unpredictable_seed
+        import torch  # lazy: loading torch takes seconds
 
         if index not in self.basis_notes:
             trial = self.trials[index]
@@ -305,7 +303,6 @@ class ReferenceSession:
         """A timed call's outputs (chosen by the parent after the call ran) against the reference run
         now on the same inputs, drawn from the call's seed, by the rule of `compare`. The trial lives
         only for this comparison; its memory goes back to the driver after it."""
-        from cutegen.evaluate.correctness import reference_trial
 
         seed = int(payload["seed"])
         plan = {"seed": seed, "weight": 0, "adversarial": False}
@@ -325,10 +322,8 @@ class ReferenceSession:
 
     def _inputs(self, index: int) -> list[Any]:
         """Trial `index`'s inputs: kept, or drawn again from its seed (and checked to be the same)."""
-        from cutegen.evaluate.compare import fingerprint
-        from cutegen.evaluate.correctness import make_inputs
 
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         trial = self.trials[index]
         if trial.inputs is not None:
@@ -342,9 +337,7 @@ class ReferenceSession:
 
     def _delta(self, index: int) -> Any:
         """The trial's float64 result minus its reference (correctness.exact_delta), made once."""
-        import torch
-
-        from cutegen.evaluate.correctness import exact_delta, exact_model
+        import torch  # lazy: loading torch takes seconds
 
         if index not in self.delta_notes:
             trial = self.trials[index]
@@ -361,7 +354,6 @@ class ReferenceSession:
     def _slack(self, index: int, delta: Any) -> Any:
         """The trial's rounding slack (correctness.rounding_slack), or None; not kept (as large as the
         output, and needed only where a few elements fail the single delta)."""
-        from cutegen.evaluate.correctness import rounding_slack
 
         trial = self.trials[index]
         slack, _ = rounding_slack(self.models[trial.weight], self.models64.get(trial.weight), self._inputs(index),
@@ -372,9 +364,9 @@ class ReferenceSession:
         """The reference's half of the ghost probe for one candidate: fresh perturbations of trial
         0's inputs (checks_dynamic.ghost_perturbations) and, for each that moves the reference's
         output, the mask of moved elements (kept for `ghost_judge`)."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
-        from cutegen.evaluate import checks_dynamic as dyn
+        from cutegen.evaluate import checks_dynamic as dyn  # lazy: checks_dynamic loads torch
 
         tol = float(payload["tol"])
         trial = self.trials[0]
@@ -405,8 +397,7 @@ class ReferenceSession:
 
     def ghost_judge(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's outputs before and after one perturbation against the reference's mask."""
-        from cutegen.evaluate import checks_dynamic as dyn
-        from cutegen.evaluate.transfer import TransferError, open_outputs
+        from cutegen.evaluate import checks_dynamic as dyn  # lazy: checks_dynamic loads torch
 
         index, position = int(payload["index"]), int(payload["position"])
         try:
@@ -423,7 +414,6 @@ class ReferenceSession:
     def baseline(self, payload: dict[str, Any]) -> dict[str, Any]:
         """`kind`: "compile" (torch.compile and its first call), "eager" (timed twice) or "compiled"
         (timed; compiled first if "compile" was not asked for). Timed on the kept timing inputs."""
-        from cutegen.evaluate.timing import compile_reference, time_baseline
 
         sets = [self.trials[i].inputs for i in self.timing_indices]
         model, kind = self.models[0], payload["kind"]
@@ -444,7 +434,6 @@ class ReferenceSession:
     def trim(self) -> dict[str, Any]:
         """After the baselines: drop the timing inputs and the compiled model (trial 0's inputs stay,
         for the ghost probe); returns the device memory still held."""
-        import gc
 
         for i, trial in enumerate(self.trials):
             if i != 0:

@@ -20,9 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutegen.evaluate.anticheat import applies
+from cutegen.evaluate.compare import compare_outputs, fingerprint, flatten_outputs
 from cutegen.evaluate.confine import confine_candidate, scratch_runtime
+from cutegen.evaluate.context import CANDIDATE_FILE, Hooks, apply_track, runtime_from_json, task_from_json
+from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, build_model, make_inputs, to_device
 from cutegen.evaluate.guard import install as guard_install
+from cutegen.evaluate.timing import time_batch, warm_up
+from cutegen.evaluate.transfer import export_outputs
 from cutegen.records import to_json
+from cutegen.runtime import find_kernels, use_config
+from cutegen.tasks import task_module
 
 CANDIDATE_MODULE = "cutegen_candidate"
 
@@ -31,12 +39,10 @@ class CandidateSession:
     """The state one candidate's worker keeps."""
 
     def __init__(self, job: dict[str, Any]) -> None:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
+        # lazy: checks_dynamic loads torch
         from cutegen.evaluate.checks_dynamic import snapshot_global_state, thread_snapshot
-        from cutegen.evaluate.context import Hooks, apply_track, runtime_from_json, task_from_json
-        from cutegen.runtime import use_config
-        from cutegen.tasks import task_module
 
         self.job = job
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
@@ -68,6 +74,7 @@ class CandidateSession:
 
     def _integrity(self) -> dict[str, Any]:
         """Global state and thread changes since the snapshot taken before the candidate's import."""
+        # lazy: checks_dynamic loads torch
         from cutegen.evaluate.checks_dynamic import global_state_changes, new_threads, snapshot_global_state
 
         refusals = [r for reader in self._guard_readers for r in reader()]
@@ -75,9 +82,6 @@ class CandidateSession:
                 "new_threads": to_json(list(new_threads(self.threads_before))), "guard_refusals": refusals}
 
     def _export(self, outputs: Any) -> dict[str, Any]:
-        from cutegen.evaluate.compare import flatten_outputs
-        from cutegen.evaluate.transfer import export_outputs
-
         descriptor, keep = export_outputs(flatten_outputs(outputs), self.workdir, via=self.transfer)
         self.exported.append(keep)
         return {**descriptor, "group": len(self.exported) - 1}
@@ -85,7 +89,6 @@ class CandidateSession:
     def reexport(self, payload: dict[str, Any]) -> dict[str, Any]:
         """An exported group of outputs again, as files (after the reference process could not open
         it by CUDA IPC); later exports of this worker use files too."""
-        from cutegen.evaluate.transfer import export_outputs
 
         self.transfer = "file"
         descriptor, _ = export_outputs(self.exported[int(payload["group"])], self.workdir, via="file")
@@ -93,7 +96,6 @@ class CandidateSession:
 
     def _inputs(self, spec: dict[str, Any]) -> list[Any]:
         """A trial's inputs, drawn here from its seed as the reference process drew them."""
-        from cutegen.evaluate.correctness import make_inputs
 
         strength = tuple(spec["strength"]) if spec.get("strength") else None
         return make_inputs(self.module, spec["seed"], strength, self.device, self.device)
@@ -108,7 +110,7 @@ class CandidateSession:
     # -- the candidate
 
     def build(self, payload: dict[str, Any]) -> dict[str, Any]:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         started = time.perf_counter()
         self.candidate, kernels = import_and_build(payload["source"], self.runtime, self.job.get("guard", True),
@@ -121,8 +123,6 @@ class CandidateSession:
     def weights(self) -> dict[str, Any]:
         """ModelNew built per weight seed exactly as the reference's Model was, and the fingerprints
         of its parameters and buffers (compared by name with the reference's in the parent)."""
-        from cutegen.evaluate.compare import fingerprint
-        from cutegen.evaluate.correctness import build_model
 
         prints = []
         for k, seed in enumerate(self.job["weight_seeds"]):
@@ -134,11 +134,10 @@ class CandidateSession:
         """One correctness call: inputs drawn from the trial's seed, memory churned first when asked,
         the outputs' types checked against the reference's spec, the inputs checked for mutation,
         the outputs exported for the reference process."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
+        # lazy: checks_dynamic loads torch
         from cutegen.evaluate.checks_dynamic import check_output_types, inputs_mutated
-        from cutegen.evaluate.compare import fingerprint
-        from cutegen.evaluate.correctness import to_device
 
         self.release()
         inputs = self._inputs(payload)
@@ -161,10 +160,7 @@ class CandidateSession:
     def determinism(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate twice on identical inputs, with memory churned before each call; the two
         outputs are compared here (no reference is involved)."""
-        import torch
-
-        from cutegen.evaluate.compare import compare_outputs, flatten_outputs
-        from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, to_device
+        import torch  # lazy: loading torch takes seconds
 
         self.release()
         inputs = self._inputs(payload)
@@ -183,10 +179,9 @@ class CandidateSession:
 
     def anticheat(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The op audit (where anticheat.DYNAMIC_CHECK_BACKENDS applies it): every aten op of one forward."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
-        from cutegen.evaluate import checks_dynamic as dyn
-        from cutegen.evaluate.anticheat import applies
+        from cutegen.evaluate import checks_dynamic as dyn  # lazy: checks_dynamic loads torch
 
         self.release()
         result: dict[str, Any] = {}
@@ -202,10 +197,9 @@ class CandidateSession:
     def ghost_run(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's half of one ghost perturbation: its outputs on trial 0's inputs and on the
         same inputs with one element moved (checks_dynamic.perturbed), both exported."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
-        from cutegen.evaluate.checks_dynamic import check_output_types, perturbed
-        from cutegen.evaluate.correctness import to_device
+        from cutegen.evaluate.checks_dynamic import check_output_types, perturbed  # lazy: checks_dynamic loads torch
 
         self.release()
         self.hooks.churn()  # the reference process has just released its perturbed forwards' memory
@@ -223,7 +217,6 @@ class CandidateSession:
 
     def _draw(self, seeds: list[int]) -> Any:
         """Call i's inputs, drawn on the device from seeds[i] (the reference process can draw them again)."""
-        from cutegen.evaluate.correctness import make_inputs
 
         return lambda i: make_inputs(self.module, int(seeds[i]), None, self.device, self.device)
 
@@ -237,7 +230,6 @@ class CandidateSession:
         and batches of the timing loop around a forward that only allocates the outputs, each timed
         by the parent on its own clock. What the parent measures beyond the reported times here is
         the judge's own cost per call (drawing inputs, flushing, copying outputs, the round trip)."""
-        from cutegen.evaluate.timing import warm_up
 
         if self.candidate is not None:
             raise RuntimeError("calibrate must run before the candidate is imported")
@@ -249,8 +241,6 @@ class CandidateSession:
         return {"calls": calls, "idle_limit_ms": self.idle_limit_ms}
 
     def calibration_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
-        from cutegen.evaluate.timing import time_batch
-
         if self.candidate is not None:
             raise RuntimeError("calibration batches must run before the candidate is imported")
         self.release()
@@ -261,7 +251,7 @@ class CandidateSession:
     def _batch_calls(self, wanted: int) -> int:
         """At most `wanted` calls per batch, and no more retained output copies than a quarter of the
         device's free memory holds (one at least)."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         if self.device.type != "cuda":
             return max(1, wanted)
@@ -271,7 +261,6 @@ class CandidateSession:
     def timing_warmup(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's untimed warm-up calls on inputs of their own; free memory is churned first
         (the correctness calls' outputs are freed: no stale result survives into the timed calls)."""
-        from cutegen.evaluate.timing import warm_up
 
         self.release()
         self.hooks.churn()
@@ -283,7 +272,6 @@ class CandidateSession:
     def timed_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One batch of timed calls (timing.time_batch), each on inputs from its own seed; the copies of
         the outputs stay here until `export_timed`."""
-        from cutegen.evaluate.timing import time_batch
 
         self.release()
         run = time_batch(self._model(0), self._draw(payload["seeds"]), device=self.device,
@@ -301,9 +289,9 @@ class CandidateSession:
     def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The kernels one forward launches (the parent asks for it on CUDA when own kernels are
         required); run last: see anticheat.py."""
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
-        from cutegen.evaluate import checks_dynamic as dyn
+        from cutegen.evaluate import checks_dynamic as dyn  # lazy: checks_dynamic loads torch
 
         self.release()
         inputs = self._inputs(payload)
@@ -318,7 +306,7 @@ class CandidateSession:
 
 def _spec_bytes(spec: Any) -> int:
     """Bytes of the outputs an `output_spec` describes."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if "sequence" in spec:
         return sum(_spec_bytes(s) for s in spec["sequence"])
@@ -335,7 +323,7 @@ def _spec_bytes(spec: Any) -> int:
 def _null_forward(spec: Any, device: Any) -> Any:
     """A forward that only allocates (and zeroes) outputs of the spec's structure, shapes and dtypes: the timing
     loop's own cost per call is measured around it."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     def make(s: Any) -> Any:
         if "sequence" in s:
@@ -364,8 +352,6 @@ def import_and_build(source: str, runtime: Any, guard: bool = True, readers: lis
     build pool's worker) nothing is built: each kernel's name and source are returned, for the
     evaluator to build into its cache.
     """
-    from cutegen.evaluate.context import CANDIDATE_FILE
-    from cutegen.runtime import find_kernels, use_config
 
     runtime = scratch_runtime(runtime, Path.cwd())
     path = Path.cwd() / CANDIDATE_FILE

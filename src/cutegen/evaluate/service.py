@@ -31,11 +31,20 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from cutegen.errors import TaskError
-from cutegen.records import Baselines, Peaks, Task
+from cutegen.config import OWN_KERNEL_BACKENDS
+from cutegen.errors import TaskError, ToolchainError
+from cutegen.evaluate.baselines import baselines_path, measure_in_reference
+from cutegen.evaluate.cache import load_probe, save_json, save_probe
+from cutegen.evaluate.confine import build_reported, import_seconds
+from cutegen.evaluate.jobs import reference_job
+from cutegen.evaluate.sol import cached_peaks
+from cutegen.evaluate.worker import Worker, WorkerDied, WorkerPool
+from cutegen.records import Baselines, Peaks, Task, to_json
+from cutegen.runtime import normalize_arch
+from cutegen.trace import trace_task
 
 REFERENCE_MEMORY_FRACTION = 0.5  # of a GPU's memory the reference processes of a lane may hold
 # Device memory a candidate's worker needs beyond its inputs and outputs (see `_candidate_bytes`): its
@@ -95,8 +104,6 @@ class Lane:
 
     def __init__(self, evaluator: "Evaluator", gpu: int | None, cpus: tuple[int, ...] | None,
                  spare_cpus: tuple[int, ...] | None = None) -> None:
-        from cutegen.evaluate.worker import WorkerPool
-
         self.evaluator, self.gpu, self.cpus, self.spare_cpus = evaluator, gpu, cpus, spare_cpus
         cuda = evaluator.device == "cuda"
         self.pool = WorkerPool(evaluator.device, (gpu,) if cuda else (0,), log_tail_bytes=evaluator.log_tail_bytes,
@@ -136,10 +143,6 @@ class Lane:
         return ref
 
     def _start_reference(self, task: Task, config: Any, key: tuple) -> ReferenceProcess:
-        from cutegen.evaluate.cache import load_probe, save_probe
-        from cutegen.evaluate.jobs import reference_job
-        from cutegen.evaluate.worker import Worker, WorkerDied
-
         started = time.perf_counter()
         cached = load_probe(config.cache_dir, task, config.track)
         job = reference_job(task, config, trials=config.correctness_trials, adversarial=config.adversarial_trials,
@@ -182,12 +185,6 @@ class Lane:
         compile baseline's error, and eager is measured in a new reference process. A process that
         holds far more after its baselines than what it keeps (`_bloated`) is replaced once by one
         that finds the baselines in the cache."""
-        from dataclasses import replace
-
-        from cutegen.evaluate.baselines import baselines_path, measure_in_reference
-        from cutegen.evaluate.cache import save_json
-        from cutegen.evaluate.sol import cached_peaks
-        from cutegen.records import to_json
 
         ref = self.reference(task, config)
         if ref.measured or not config.do_timing:
@@ -317,8 +314,6 @@ class Lane:
     def settle(self) -> None:
         """Wait until no worker of this lane is starting (see WorkerPool._settle), the reference
         spare included."""
-        from cutegen.errors import ToolchainError
-        from cutegen.evaluate.worker import WorkerDied
 
         self.pool._settle(0)
         spare = self.reference_spare
@@ -348,7 +343,6 @@ class Evaluator:
         """`prepare_ahead`: whether `prepare` starts a task's reference work on an idle lane while
         its candidate builds (default: on a GPU; a CPU lane's reference would share the cores with
         the builds)."""
-        from cutegen.evaluate.worker import WorkerPool
 
         self.device, self.log_tail_bytes = device, log_tail_bytes
         self.prepare_ahead = device == "cuda" if prepare_ahead is None else prepare_ahead
@@ -386,10 +380,6 @@ class Evaluator:
         build pool (which has no GPU) and the candidate's worker compile for, and look up builds
         under, the same key. Unchanged without a device (the build pool then cannot build: the
         evaluation stops where it needs the device) or when nothing is built (backend torch)."""
-        from dataclasses import replace
-
-        from cutegen.config import OWN_KERNEL_BACKENDS
-        from cutegen.runtime import normalize_arch
 
         if config.device != "cuda" or config.backend not in OWN_KERNEL_BACKENDS or config.runtime.arch:
             return config
@@ -406,9 +396,6 @@ class Evaluator:
         `conclusive` False when the failure may be this machine's and not the candidate's (an import
         that needs a GPU, a load_inline build where torch has no CUDA): then the GPU's worker builds
         again and judges."""
-        from cutegen.evaluate.confine import build_reported, import_seconds
-        from cutegen.evaluate.worker import WorkerDied
-        from cutegen.records import to_json
 
         payload = {"source": source, "runtime": to_json(config.runtime), "guard": config.guard,
                    "landlock": config.confinement != "hashes"}
@@ -557,7 +544,6 @@ def _pid(ref: ReferenceProcess) -> int | None:
 def _trace_bytes(task: Task) -> tuple[int, int, int] | None:
     """(input, output, parameter) bytes of one forward, from the task's trace (no memory, no
     arithmetic); None when the trace cannot say."""
-    from cutegen.trace import trace_task
 
     trace = trace_task(task)
     if trace.output_bytes is None or trace.input_bytes is None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cutegen.evaluate.cache import load_json, save_json, slug
-from cutegen.records import Peaks, TaskTrace, to_json
+from cutegen.records import Peaks, TaskTrace, from_json, to_json
 
 # Dense peaks by device-name fragment (first match wins): fp32 SIMT, TF32, bf16/fp16 TFLOP/s, GB/s.
 DATASHEET: tuple[tuple[str, float, float, float, float], ...] = (
@@ -92,7 +92,7 @@ def work_bound_ms(trace: TaskTrace, peaks: Peaks, track: str, half: bool) -> flo
 def _time_ms(fn: Any, repeats: int) -> float:
     """Median device time of `fn` between two events, without the timing protocol's device-wide
     synchronize: a peak is a property of the device, measured with as little host time as possible."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     fn()
     torch.cuda.synchronize()
@@ -109,7 +109,7 @@ def _time_ms(fn: Any, repeats: int) -> float:
 
 def _bandwidth_gb_s() -> tuple[float, float]:
     """(copy, read) bandwidth of a 1 GiB buffer; a copy counts bytes read plus bytes written."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     x = torch.empty(COPY_BYTES // 4, device="cuda", dtype=torch.float32).uniform_()
     y = torch.empty_like(x)
@@ -119,7 +119,7 @@ def _bandwidth_gb_s() -> tuple[float, float]:
 
 
 def _matmul_tflops(dtype: Any, tf32: bool, n: int) -> float:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -135,7 +135,7 @@ def _matmul_tflops(dtype: Any, tf32: bool, n: int) -> float:
 def measure_peaks() -> dict[str, Any]:
     """Measure the current CUDA device: memory bandwidth (copy and read, GB/s) and matmul TFLOP/s
     (bf16 always; TF32 and fp32 too, for devices missing from the datasheet)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     name = torch.cuda.get_device_name(0)
     copy_gb_s, read_gb_s = _bandwidth_gb_s()
@@ -172,8 +172,6 @@ def peaks_path(cache_dir: Path, device_name: str, torch_version: str) -> Path:
 
 
 def load_peaks(path: Path) -> Peaks | None:
-    from cutegen.journal import from_json
-
     data = load_json(path)
     try:
         return from_json(Peaks, data) if isinstance(data, dict) else None

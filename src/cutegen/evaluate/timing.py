@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import random
 import statistics
+import time
 from time import perf_counter as _perf_counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -32,7 +35,7 @@ class TimedRun:
 
 def flush_bytes(device: Any) -> int:
     """Bytes read before each trial: twice the L2 (at least 128 MiB) on a GPU."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if device.type != "cuda":
         return CPU_FLUSH_BYTES
@@ -42,7 +45,6 @@ def flush_bytes(device: Any) -> int:
 
 def random_trials(trials: int, count: int) -> tuple[int, ...]:
     """`count` distinct trial indices drawn from os.urandom (no seed the candidate could predict)."""
-    import random
 
     rng = random.Random(os.urandom(16))
     return tuple(sorted(rng.sample(range(trials), min(count, trials))))
@@ -75,7 +77,7 @@ CALIBRATION_MAX_MS = 50.0  # longer calls are calibrated with a 50 ms wait (the 
 
 def _sleeper(wait_ms: float) -> Callable[[], Any]:
     """A call that keeps the current stream busy for about `wait_ms` (nothing below 10 us)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if wait_ms < 0.01:
         return lambda: None
@@ -86,7 +88,7 @@ def _sleeper(wait_ms: float) -> Callable[[], Any]:
 @functools.lru_cache(maxsize=1)
 def _cycles_per_ms() -> float:
     """GPU clock cycles per millisecond of `torch.cuda._sleep`, measured once per process."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     torch.cuda._sleep(1000)  # loads the sleep kernel
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -125,7 +127,7 @@ def hidden_work_trials(stream_ms: Sequence[float], idle_ms: Sequence[float], lim
 
 def _timed_cuda_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
     """(outputs, ms to the end event on the current stream, ms to the idle device) of one call."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     start.record()
@@ -165,9 +167,8 @@ def time_forward(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *,
       those hid work on another stream. On a CPU the call is timed with `time.perf_counter`.
     - The caller summarises the times with `summarize` (median, mean, min, IQR).
     """
-    import time
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     cuda = device.type == "cuda"
     run = TimedRun(times_ms=[])
@@ -223,9 +224,8 @@ _CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cudaLimitPersistingL2CacheSize
 def _cudart() -> Any:
     """The CUDA runtime library torch loaded (None where it cannot be found: then persisting-L2 state
     is left alone, and the flush alone clears the cache)."""
-    import ctypes
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     for name in (f"libcudart.so.{torch.version.cuda.split('.')[0]}" if torch.version.cuda else "", "libcudart.so"):
         try:
@@ -262,7 +262,7 @@ def time_batch(fn: Callable[..., Any], draw: Callable[[int], Sequence[Any]], *, 
     own clock (clock.py), which every piece of work in this loop, the candidate's included, falls
     under. On a CPU the call is timed with `time.perf_counter`.
     """
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     cuda = device.type == "cuda"
     run = BatchRun()
@@ -293,7 +293,7 @@ def warm_up(fn: Callable[..., Any], draw: Callable[[int], Sequence[Any]], *, dev
     """`calls` untimed calls on inputs of their own (compiles, lazy loading, allocator growth), then,
     on CUDA, the limit past which a call's wait for the whole device counts as work on another stream
     (`_sync_gap_limit_ms`, calibrated on a wait as long as the median call)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     warm_ms = []
     with torch.no_grad():
@@ -321,7 +321,7 @@ def time_baseline(fn: Any, sets: list[Any], device: Any, spec: dict[str, Any]) -
 def compile_reference(model: Any, sets: list[Any]) -> tuple[Any, str | None]:
     """In a worker: torch.compile(model) and its first call, which compiles (or loads the cache);
     (the compiled model, None), or (None, why it failed)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     try:
         compiled = torch.compile(model)
@@ -339,7 +339,7 @@ def _stop_compile_workers() -> None:
     starts them in the background even when every graph comes from the cache (up to one per CPU,
     each importing torch), and they would compete for the host with the timed calls, whose launch
     cost is part of the time. A later recompile starts a new pool."""
-    from torch._inductor import async_compile
+    from torch._inductor import async_compile  # lazy: loading torch takes seconds
 
     stop = getattr(async_compile, "shutdown_compile_workers", None)
     if stop is not None:
@@ -348,7 +348,7 @@ def _stop_compile_workers() -> None:
 
 def clone_outputs(out: Any) -> Any:
     """A detached copy of a tensor or a (nested) tuple/list of them; other values as they are."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if isinstance(out, torch.Tensor):
         return out.detach().clone()

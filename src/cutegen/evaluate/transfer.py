@@ -33,7 +33,7 @@ _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16
 
 
 def _dtype(name: str) -> Any:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if name not in _DTYPES:
         raise ValueError(f"dtype {name!r} cannot be transferred")
@@ -59,7 +59,7 @@ def export_outputs(leaves: list[Any], folder: Path, via: str = "auto") -> tuple[
     elementwise by shape, never by strides. `via`: "auto" (CUDA IPC for device tensors, files for
     host ones) or "file" (files for all: the fallback where CUDA IPC fails). `folder` receives the
     files."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     described, keep = [], []
     for leaf in leaves:
@@ -95,7 +95,7 @@ def _export_cuda(tensor: Any) -> dict[str, Any]:
 
 
 def _export_file(tensor: Any, folder: Path) -> dict[str, Any]:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if tensor.numel() == 0:
         return {"kind": "empty"}
@@ -136,7 +136,7 @@ def open_outputs(descriptor: Any, expected: list[dict[str, Any]], device: Any) -
 
 
 def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     dtype, shape = _dtype(entry["dtype"]), [int(s) for s in entry["shape"]]
     numel = math.prod(shape)

@@ -6,6 +6,7 @@ distilled compiler error, the exception and the candidate's line, or what killed
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -40,6 +41,7 @@ class VerdictBuilder:
         self.gpu_s = 0.0
         self.log_tail = ""
         self.stage_s: dict[str, float] = {}  # step -> wall seconds, summed over the step's calls, in first-call order
+        self.checks_run: dict[str, None] = {}  # registry names (evaluate/checks.py), in the order they started
 
     def timed(self, step: str, started: float) -> None:
         """Add the wall seconds of one step since `started` (a time.perf_counter() value)."""
@@ -47,12 +49,18 @@ class VerdictBuilder:
 
     def add(self, check: CheckResult) -> None:
         self.checks.append(check)
+        self.note_run(check.name)
+
+    def note_run(self, *names: str) -> None:
+        """Checks that judge the candidate from here on, whether or not they record a result."""
+        self.checks_run.update(dict.fromkeys(names))
 
     def set(self, **fields: Any) -> None:
         self.fields.update(fields)
 
     def fail(self, check: str, feedback: str, detail: str | None = None) -> None:
-        """Record a failed check at the current stage and stop."""
+        """Record a failed check at the current stage and stop. `check` is a registry name
+        (evaluate/checks.py; tests/test_check_registry.py holds every name the evaluator passes here to it)."""
         if not any(c.name == check and not c.passed for c in self.checks):
             self.add(CheckResult(check, self.stage, False, detail if detail is not None else feedback))
         self.failure, self.feedback = check, feedback
@@ -67,7 +75,8 @@ class VerdictBuilder:
                        feedback=self.feedback, checks=tuple(self.checks),
                        gpu_s=round(self.gpu_s, 3) if self.gpu_s else None,
                        log_tail=self.log_tail[-LOG_TAIL_CHARS:],
-                       stage_s=tuple((k, round(v, 3)) for k, v in self.stage_s.items()), **self.fields)
+                       stage_s=tuple((k, round(v, 3)) for k, v in self.stage_s.items()),
+                       checks_run=tuple(self.checks_run), **self.fields)
 
 
 def died_feedback(reason: str, detail: str, stage: str, timeout_s: float) -> str:
@@ -87,7 +96,6 @@ def died_feedback(reason: str, detail: str, stage: str, timeout_s: float) -> str
 
 def crash_line(log_tail: str, candidate_file: str = "candidate.py") -> int | None:
     """The candidate's innermost line in the Python stack the worker printed when it crashed."""
-    import re
 
     lines = re.findall(rf'File "(?:[^"]*/)?{re.escape(candidate_file)}", line (\d+)', log_tail)
     return int(lines[0]) if lines else None

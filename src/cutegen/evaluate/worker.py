@@ -41,8 +41,10 @@ the worker) escapes the kill. Run untrusted code from unknown sources in a conta
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -557,9 +559,8 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
 def _startup_info(warm_compile: bool) -> dict[str, Any]:
     """The start-up report: torch imported (and torch.compile's machinery, when asked), nothing on
     the GPU yet (see `_warm`)."""
-    import platform
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     info: dict[str, Any] = {"ready": True, "pid": os.getpid(), "python": platform.python_version(),
                             "torch_version": torch.__version__}
@@ -568,7 +569,7 @@ def _startup_info(warm_compile: bool) -> dict[str, Any]:
 
 
 def _uses_cuda() -> bool:
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and torch.cuda.is_available()
 
@@ -576,7 +577,7 @@ def _uses_cuda() -> bool:
 def _create_context() -> None:
     """The warm-up's first part: the CUDA context, and one small block in the caching allocator (the
     profiler's warm-up then allocates nothing new)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     if _uses_cuda():
         torch.zeros(1, device="cuda").add_(1)
@@ -586,9 +587,8 @@ def _create_context() -> None:
 def _warm(warm_profiler: bool) -> dict[str, Any]:
     """The warm-up's second part, after `_create_context`: load the profiler and describe the device,
     off the critical path of the job."""
-    import platform
 
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     info: dict[str, Any] = {"cuda": torch.cuda.is_available()}
     if _uses_cuda():
@@ -617,10 +617,10 @@ def _warm_profiler() -> None:
     """The first profiler session of a process loads CUPTI (about 3.5 s on an H200); the kernel audit
     needs one, so a spare pays it while it waits. With TEARDOWN_CUPTI=1 (see `worker_environment`)
     CUPTI is detached again when it ends, so the calls timed later do not pay for it."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     try:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile  # lazy: loading torch takes seconds
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
             torch.zeros(1, device="cuda").add_(1)
@@ -647,7 +647,6 @@ def _watch_parent(interval_s: float = 1.0) -> None:
 
 def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> None:
     """The worker's loop: announce readiness, then run commands until "exit" or a closed channel."""
-    import faulthandler
 
     _watch_parent()
     faulthandler.enable()  # a segfault in a candidate's library prints the Python stack to the log tail
@@ -659,6 +658,7 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
     except BaseException as err:  # noqa: BLE001 - report why we cannot start, whatever it is
         _send(conn, {"ready": False, "error": f"{type(err).__name__}: {err}"[:2000]})
         return
+    # lazy: the parent imports this module for Worker; the command modules load in workers only
     from cutegen.evaluate import protocol
 
     info["start_s"] = time.perf_counter() - started

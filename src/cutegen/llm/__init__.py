@@ -21,6 +21,7 @@ from cutegen.config import ProviderSettings
 from cutegen.errors import ConfigError
 from cutegen.llm.base import Provider, ProviderError, ReplyPending, request_sha256
 from cutegen.llm.files import ExchangeProvider, ReplayProvider
+from cutegen.llm.sdk import AnthropicProvider, OpenAIProvider
 
 __all__ = ["Provider", "ProviderError", "ReplyPending", "provider_from_spec", "request_sha256"]
 
@@ -38,12 +39,8 @@ def provider_from_spec(spec: str, settings: ProviderSettings | None = None, *, h
             + " (e.g. anthropic:claude-sonnet-4-5, openai:gpt-5, replay:examples/replays/swish_scale_torch.jsonl).",
         )
     if kind == "anthropic":
-        from cutegen.llm.sdk import AnthropicProvider
-
         return AnthropicProvider(rest, settings, http_client=http_client)
     if kind in ("openai", "openai-compatible"):
-        from cutegen.llm.sdk import OpenAIProvider
-
         model, base_url = _split_url(rest) if kind == "openai-compatible" else (rest, None)
         return OpenAIProvider(model, settings, compatible=kind == "openai-compatible", base_url=base_url,
                               http_client=http_client)

@@ -10,6 +10,7 @@ with full-jitter exponential backoff that honours a server's `retry-after` heade
 from __future__ import annotations
 
 import importlib
+import random
 import time
 from typing import Any
 
@@ -99,8 +100,6 @@ class _SdkProvider:
     def _wait(self, state: Any) -> float:
         # Full jitter (a random wait up to the exponential step) spreads the retries of concurrent
         # tasks; a server's retry-after is a floor.
-        import random
-
         step = self.settings.retry_initial_s * 2 ** (state.attempt_number - 1)
         wait = random.uniform(0, min(step, self.settings.retry_max_s))
         err = state.outcome.exception() if state.outcome else None

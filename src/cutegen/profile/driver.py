@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cutegen.evaluate.context import apply_track, runtime_from_json
+from cutegen.evaluate.correctness import build_model, lowest_precision, make_inputs, tensors_of, to_device
+from cutegen.evaluate.runner import import_and_build
+from cutegen.records import Task, from_json
+from cutegen.runtime import find_kernels, use_config
+from cutegen.tasks import task_module
+
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
@@ -24,15 +31,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def run(job: dict[str, Any], folder: Path) -> None:
-    import torch
-
-    from cutegen.evaluate.correctness import build_model, lowest_precision, make_inputs, tensors_of, to_device
-    from cutegen.evaluate.runner import import_and_build
-    from cutegen.evaluate.context import apply_track, runtime_from_json
-    from cutegen.journal import from_json
-    from cutegen.records import Task
-    from cutegen.runtime import find_kernels, use_config
-    from cutegen.tasks import task_module
+    import torch  # lazy: loading torch takes seconds
 
     apply_track(job["track"])
     runtime = runtime_from_json(job.get("runtime"))

@@ -23,12 +23,6 @@ import io
 import re
 from dataclasses import dataclass, field
 
-# Columns that describe a launch rather than measure it (raw page); everything with "__" is a metric.
-IDENTITY_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
-                    "Block Size", "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit",
-                    "Metric Value", "Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type",
-                    "Estimated Speedup", "Function Name", "Demangled Name", "Mangled Name")
-
 # SI prefixes as ncu prints them (decimal, also for bytes), and the binary ones other tools use.
 _PREFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
            "P": 1e15}

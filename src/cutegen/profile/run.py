@@ -35,14 +35,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from cutegen.config import EvalConfig, ProfileConfig
 from cutegen.errors import CutegenError
+from cutegen.evaluate.pipeline import read_candidate
+from cutegen.evaluate.sol import datasheet_peaks, load_peaks, peaks_path, work_bound_ms
+from cutegen.evaluate.worker import worker_environment
 from cutegen.profile import metrics
-from cutegen.records import InstructionMix, Profile, Task
+from cutegen.profile.diagnose import build_profile, profile_text, short_name, split_own
+from cutegen.profile.ncu_csv import parse_ncu_csv
+from cutegen.profile.sass import mix_findings, parse_sass, run_cuobjdump
+from cutegen.records import InstructionMix, Profile, Task, to_json
+from cutegen.tasks import source_sha256
+from cutegen.trace import trace_task
 
 CUDA_BIN = Path("/usr/local/cuda/bin")
 REPORT = "profile"  # ncu writes profile.ncu-rep
@@ -210,8 +218,6 @@ def _import_csv(ncu: str, workdir: Path, env: dict[str, str], timeout_s: float) 
 
 
 def _job(source: str, task: Task, config: ProfileConfig, eval_config: EvalConfig) -> dict[str, Any]:
-    from cutegen.records import to_json
-
     return {"source": source, "task": to_json(task), "runtime": to_json(eval_config.runtime),
             "track": eval_config.track, "seed": config.seed, "warmup": config.warmup, "forwards": config.forwards}
 
@@ -219,7 +225,6 @@ def _job(source: str, task: Task, config: ProfileConfig, eval_config: EvalConfig
 def collect(source: str, task: Task, config: ProfileConfig, eval_config: EvalConfig, gpu: int | None = None,
             keep_report: bool = False) -> Collected:
     """Profile one forward of `source` (see the module docstring); raises ProfileUnavailable."""
-    from cutegen.evaluate.worker import worker_environment
 
     ncu = require_ncu(config)
     gpu = eval_config.gpus[0] if gpu is None else gpu
@@ -259,7 +264,6 @@ def collect(source: str, task: Task, config: ProfileConfig, eval_config: EvalCon
 
 def instruction_mixes(config: ProfileConfig, libraries: list[Path]) -> tuple[tuple[InstructionMix, ...], str | None]:
     """The SASS instruction mix of every kernel in `libraries`; (mixes, why none) when cuobjdump fails."""
-    from cutegen.profile.sass import parse_sass, run_cuobjdump
 
     cuobjdump = find_tool(config.cuobjdump, "cuobjdump")
     if cuobjdump is None:
@@ -275,7 +279,6 @@ def instruction_mixes(config: ProfileConfig, libraries: list[Path]) -> tuple[tup
 
 def demangle(symbols: list[str]) -> dict[str, str]:
     """Short readable names of kernel symbols (cu++filt or c++filt; the symbol itself without them)."""
-    from cutegen.profile.diagnose import short_name
 
     tool = find_tool(None, "cu++filt") or find_tool(None, "c++filt")
     if tool is None or not symbols:
@@ -295,7 +298,6 @@ def sol_bound_s(trace: Any, eval_config: EvalConfig, meta: dict[str, Any]) -> fl
     """The reference algorithm's work bound (evaluate/sol.py: work_bound_ms) with the evaluator's peaks
     for this device, measured and cached by an evaluation, else the datasheet's, each raised to the
     hardware's (the bound the verdict's fraction is of); None for an unknown device."""
-    from cutegen.evaluate.sol import datasheet_peaks, load_peaks, peaks_path, work_bound_ms
 
     name = meta.get("device_name") or ""
     peaks = load_peaks(peaks_path(eval_config.cache_dir, name, meta.get("torch_version", ""))) or datasheet_peaks(name)
@@ -308,11 +310,6 @@ def sol_bound_s(trace: Any, eval_config: EvalConfig, meta: dict[str, Any]) -> fl
 def interpret(collected: Collected, source: str, task: Task, config: ProfileConfig, eval_config: EvalConfig,
               wall_s: float | None = None) -> Profile:
     """The Profile of a collected run: own launches, instruction mix, speed of light, diagnosis."""
-    from cutegen.profile.diagnose import build_profile, split_own
-    from cutegen.profile.ncu_csv import parse_ncu_csv
-    from cutegen.profile.sass import mix_findings
-    from cutegen.tasks import source_sha256
-    from cutegen.trace import trace_task
 
     libraries = [Path(p) for p in collected.meta.get("libraries", []) if Path(p).is_file()]
     blobs = [library.read_bytes() for library in libraries]
@@ -336,7 +333,6 @@ def interpret(collected: Collected, source: str, task: Task, config: ProfileConf
 def profile_candidate(candidate_path: Path, task: Task, config: ProfileConfig, eval_config: EvalConfig,
                       gpu: int | None = None) -> Profile:
     """Profile one forward of the candidate at `candidate_path` for `task` (module docstring)."""
-    from cutegen.evaluate.pipeline import read_candidate
 
     started = time.perf_counter()
     source = read_candidate(Path(candidate_path))
@@ -346,8 +342,6 @@ def profile_candidate(candidate_path: Path, task: Task, config: ProfileConfig, e
 
 
 def _with_wall(profile: Profile, wall_s: float) -> Profile:
-    from dataclasses import replace
-
     return replace(profile, wall_s=round(wall_s, 3))
 
 
@@ -368,8 +362,6 @@ class NcuProfiler:
         self.profiles: list[Profile] = []  # every profile made, for a caller that wants the numbers
 
     def __call__(self, candidate_path: Path, task: Task, eval_config: EvalConfig) -> str | None:
-        from cutegen.profile.diagnose import profile_text
-
         if self.disabled is not None or eval_config.device != "cuda":
             return None
         try:

@@ -19,6 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cutegen.profile.diagnose import terms
 from cutegen.records import InstructionMix
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
@@ -105,7 +106,6 @@ def mix_findings(mixes: tuple[InstructionMix, ...], source: str, workload_class:
                  track: str, backend: str = "cute") -> tuple[str, ...]:
     """Warnings about the compiled code that a model should act on (empty when nothing is off), in the
     backend's terms (diagnose.TERMS)."""
-    from cutegen.profile.diagnose import terms
 
     if not mixes:
         return ()

@@ -180,7 +180,7 @@ def detect_arch(config: RuntimeConfig) -> str:
     if config.arch:
         return normalize_arch(config.arch)
     try:
-        import torch
+        import torch  # lazy: loading torch takes seconds
     except ImportError:
         torch = None  # type: ignore[assignment]
     if torch is None or not torch.cuda.is_available():

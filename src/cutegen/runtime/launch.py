@@ -230,7 +230,7 @@ class Launcher:
             raise KernelError(self.name, code, *self.kernel.error_text(code))
 
     def _make_converters(self) -> list[Any]:
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         self._converters = [
             _tensor_converter(torch, getattr(torch, TENSOR_CODES[code]))
@@ -254,7 +254,7 @@ CuteKernel.launcher_class = Launcher
 def _current_stream(launcher: Launcher) -> int:
     """The handle of torch's current stream on the current device (what `torch.cuda.current_stream()`
     returns, read without building a Stream object: that costs ~4 us per launch, this ~0.1 us)."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     try:
         device = torch.cuda.current_device()

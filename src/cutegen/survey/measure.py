@@ -212,7 +212,7 @@ def probe(task: Task, device: str, now_utc: str) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - one broken task must not end the run
         row = {"error": f"{type(err).__name__}: {err}"[:400], "trace": traceback.format_exc()[-800:]}
     if device == "cuda":  # the measuring worker, not this process, needs the device's memory next
-        import torch
+        import torch  # lazy: loading torch takes seconds
 
         torch.cuda.empty_cache()
     row.pop("task_id", None)

@@ -66,7 +66,7 @@ def reference_run(module: Any, seed: int, device: str) -> tuple[list[Any], list[
 
 def output_summary(outputs: list[Any]) -> dict[str, Any]:
     """Shape, dtype and (for a float output) mean, spread and largest magnitude of the first output."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     first = outputs[0]
     if not isinstance(first, torch.Tensor) or not first.is_floating_point() or first.numel() == 0:
@@ -82,7 +82,7 @@ def probe_task(task: Task, device: str) -> dict[str, Any]:
     NEAR_TRIVIAL_FRACTION of them but not none (`near_trivial@TOL`); also the first output's statistics
     and `precision`: the lowest-precision float dtype among inputs and outputs (as the evaluator picks
     the tolerance and the speed-of-light peak). The caller sets the track's TF32 flags."""
-    import torch
+    import torch  # lazy: loading torch takes seconds
 
     started = time.perf_counter()
     module = task_module(task)
