@@ -253,7 +253,7 @@ def test_reference_work_ahead_waits_for_no_evaluation_and_closes_no_reference(mo
 def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
     import torch
 
-    from cutegen.evaluate.transfer import TransferError, export_outputs, open_outputs, remove_files
+    from cutegen.evaluate.transfer import TransferError, export_outputs, open_outputs
 
     out = (torch.arange(12, dtype=torch.float32).reshape(3, 4).t(), torch.tensor([1, 2], dtype=torch.int64))
     descriptor, keep = export_outputs(list(out), tmp_path)
@@ -267,8 +267,6 @@ def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
     with pytest.raises(TransferError, match="shorter"):
         with open_outputs(forged, expected, torch.device("cpu")):
             pass
-    remove_files(descriptor)
-    assert not list(tmp_path.glob("out-*.bin"))
 
 
 def test_a_freed_lane_prefers_the_held_task_but_never_starves_another():

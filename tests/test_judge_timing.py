@@ -54,6 +54,24 @@ def test_one_disturbed_batch_does_not_fail_an_honest_candidate():
     assert judge_parent_clock(batches, 0.2).passed
 
 
+def test_only_agreeing_batches_count_so_forging_some_gains_nothing():
+    """A CPU shared with other work delays the worker between calls: its batches disagree and are left
+    out, the others decide. A candidate that halves the record of some batches loses just those: the
+    verdict's times are the honest batches' times. One that forges every batch has none left."""
+    from cutegen.evaluate.clock import agreeing_times
+
+    honest = BatchClock(10, 10 * 2.2, 10 * 2.0)
+    busy = [BatchClock(10, 10 * 2.2 + 300.0, 10 * 2.0) for _ in range(4)]  # delayed, not forged
+    assert judge_parent_clock([*busy, honest], 0.2).passed
+    forged = BatchClock(10, 10 * 2.2, 10 * 1.0)
+    batches = [forged, honest, forged, honest]
+    times = [1.0] * 10 + [2.0] * 10 + [1.0] * 10 + [2.0] * 10
+    assert judge_parent_clock(batches, 0.2).passed
+    assert agreeing_times(batches, times, 0.2) == [2.0] * 20
+    every = judge_parent_clock([forged] * 4, 0.2)
+    assert not every.passed and "no timed batch agrees" in every.detail
+
+
 def test_outputs_computed_when_asked_for_show_in_the_export_time():
     batches = [BatchClock(10, 10 * 5.2, 10 * 5.0) for _ in range(3)]
     assert judge_parent_clock(batches, 0.2, export_ms=[3.0, 2.5], export_calibrated_ms=2.0, median_call_ms=5.0).passed
@@ -112,7 +130,8 @@ def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):
     twin = evaluate_candidate(HONEST / "swish_scale.py", load_task(SWISH), config, service)
     assert twin.passed, twin.feedback
     if memo.passed:
-        assert memo.timing.median_ms >= 0.8 * twin.timing.median_ms
+        # The fastest call of each: a medians' comparison on a CPU shared with other tests is noise.
+        assert memo.timing.min_ms >= 0.8 * twin.timing.min_ms
     else:  # its growing memo slows the loop around it: the parent's clock may see that too
         assert memo.failure == "parent_clock", memo.feedback
 

@@ -256,8 +256,9 @@ class EvalConfig:
     compile_baseline: bool = True
     sol_slack: float = 0.05
     review_speedup: float = 5.0
-    # The in-process guard of the candidate's worker (the audit hook and the judge's modules hidden
-    # from the candidate, evaluate/guard.py). Off only to prove, in tests, that the layers behind it
+    # The in-process guard of the candidate's worker (an audit hook installed before the candidate's
+    # import that refuses frame, heap, tracing, ctypes and process events to its code, evaluate/guard.py).
+    # Off only to prove, in tests, that the layers behind it
     # (the parent's clock, the verification of timed outputs) catch what it would have refused.
     guard: bool = True
     # How the candidate's workers are kept from writing outside their scratch directories

@@ -19,11 +19,14 @@ The parent times three things around the worker's commands (EVALUATION.md, "Two 
   computes the chosen outputs only when asked for them pays that time here.
 
 A batch's unexplained time is `wall - calls * overhead - reported`. Honest batches leave a little
-(host jitter, a garbage collection, the host waking up later from a longer wait); the check fails when
-the median batch leaves more than `unexplained_limit_ms` (a share of the reported time plus a margin
-per call), so that one batch disturbed by the machine does not fail a candidate; a failing check is
-measured again on `RETRY_BATCHES` more batches and judged on all of them. The verdict reports
-the ratio of the parent's time (less the overhead) to the reported time: near 1 for honest kernels.
+(host jitter, a garbage collection, the host waking up later from a longer wait). A batch *agrees*
+when it leaves no more than `unexplained_limit_ms` (a share of the reported time plus a margin per
+call). Only agreeing batches count: the verdict's times come from them alone, so a batch disturbed
+by the machine (a CPU shared with other work delays the worker between calls) costs its samples and
+nothing else, and a candidate that forges some batches gains nothing from them. When fewer than half
+the batches agree, `RETRY_BATCHES` more are measured; the check fails when none of them all agrees.
+The verdict reports the ratio of the parent's time (less the overhead) to the reported time over
+every batch: near 1 for honest kernels.
 
 What this cannot see: a forgery smaller than the margin (for calls of a few microseconds, the margin
 is larger than the call), and work done before the batch command arrived (which cannot depend on the
@@ -98,20 +101,41 @@ def clock_ratio(batches: Sequence[BatchClock], overhead_ms: float) -> float | No
     return sum(b.wall_ms - b.calls * overhead_ms for b in batches) / reported
 
 
+def agrees(batch: BatchClock, overhead_ms: float) -> bool:
+    """Whether the batch's reported times account for the parent's time (within the limit)."""
+    return unexplained_ms(batch, overhead_ms) <= unexplained_limit_ms(batch, overhead_ms)
+
+
+def agreeing_share(batches: Sequence[BatchClock], overhead_ms: float) -> float:
+    return sum(agrees(b, overhead_ms) for b in batches) / len(batches) if batches else 1.0
+
+
+def agreeing_times(batches: Sequence[BatchClock], times_ms: Sequence[float], overhead_ms: float) -> list[float]:
+    """The per-call times of the agreeing batches (`times_ms` holds every batch's calls, in order)."""
+    kept, start = [], 0
+    for batch in batches:
+        if agrees(batch, overhead_ms):
+            kept += times_ms[start:start + batch.calls]
+        start += batch.calls
+    return kept
+
+
 def judge_parent_clock(batches: Sequence[BatchClock], overhead_ms: float, export_ms: Sequence[float] = (),
                        export_calibrated_ms: float | None = None, median_call_ms: float = 0.0) -> CheckResult:
-    """The `parent_clock` check: the median batch's unexplained time within its limit, and the
-    exports of chosen outputs no slower than calibrated beyond what recomputing them would cost."""
+    """The `parent_clock` check: at least one batch whose reported times account for the parent's
+    time (the verdict's times come from those alone), and the exports of chosen outputs no slower
+    than calibrated beyond what recomputing them would cost."""
     ratio = clock_ratio(batches, overhead_ms)
     shown = f"{ratio:.3f}" if ratio is not None else "n/a"
-    ordered = sorted(batches, key=lambda b: unexplained_ms(b, overhead_ms) - unexplained_limit_ms(b, overhead_ms))
-    median = ordered[len(ordered) // 2] if ordered else None
-    if median is not None and unexplained_ms(median, overhead_ms) > unexplained_limit_ms(median, overhead_ms):
+    agreeing = [b for b in batches if agrees(b, overhead_ms)]
+    if batches and not agreeing:
+        best = min(batches, key=lambda b: unexplained_ms(b, overhead_ms) - unexplained_limit_ms(b, overhead_ms))
         return CheckResult(
             "parent_clock", "timing", False,
-            f"the parent's clock saw {unexplained_ms(median, overhead_ms):.3f} ms per batch of {median.calls}"
-            f" calls that the reported times ({median.reported_ms:.3f} ms) do not account for (allowed"
-            f" {unexplained_limit_ms(median, overhead_ms):.3f} ms; overhead {overhead_ms:.4f} ms per call,"
+            f"no timed batch agrees with the parent's clock: in the closest, it saw"
+            f" {unexplained_ms(best, overhead_ms):.3f} ms of a batch of {best.calls} calls that the reported"
+            f" times ({best.reported_ms:.3f} ms) do not account for (allowed"
+            f" {unexplained_limit_ms(best, overhead_ms):.3f} ms; overhead {overhead_ms:.4f} ms per call,"
             f" calibrated before the import); parent/reported ratio {shown}")
     if export_calibrated_ms is not None:
         for took in export_ms:
@@ -123,5 +147,5 @@ def judge_parent_clock(batches: Sequence[BatchClock], overhead_ms: float, export
                     f" (calibrated {export_calibrated_ms:.1f} ms, allowed {allowed:.1f} ms): the outputs"
                     " were computed when they were asked for, not in the timed calls")
     return CheckResult("parent_clock", "timing", True,
-                       f"parent/reported ratio {shown} over {len(batches)} batches"
-                       f" (overhead {overhead_ms:.4f} ms per call)")
+                       f"parent/reported ratio {shown} over {len(batches)} batches, {len(agreeing)} agreeing"
+                       f" (their times are the verdict's; overhead {overhead_ms:.4f} ms per call)")

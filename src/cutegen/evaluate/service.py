@@ -42,6 +42,7 @@ from cutegen.evaluate.confine import build_reported, import_seconds
 from cutegen.evaluate.jobs import reference_job
 from cutegen.evaluate.sol import cached_peaks
 from cutegen.evaluate.worker import Worker, WorkerDied, WorkerPool
+from cutegen.evaluate.zygote import Zygote
 from cutegen.records import Baselines, Peaks, Task, to_json
 from cutegen.runtime import normalize_arch
 from cutegen.trace import trace_task
@@ -108,7 +109,7 @@ class Lane:
         cuda = evaluator.device == "cuda"
         self.pool = WorkerPool(evaluator.device, (gpu,) if cuda else (0,), log_tail_bytes=evaluator.log_tail_bytes,
                                warm_spares=cuda, cpus=cpus, spare_cpus=spare_cpus,
-                               spares=LANE_SPARES if cuda else 1, warm_on_take=cuda)
+                               spares=LANE_SPARES if cuda else 1, warm_on_take=cuda, zygote=evaluator.zygote)
         self.references: collections.OrderedDict[tuple, ReferenceProcess] = collections.OrderedDict()
         self.busy = False
         self.ending_at_start = 0  # workers still ending when the current candidate's worker started
@@ -151,7 +152,7 @@ class Lane:
 
         def spawn() -> Any:
             return Worker(self.evaluator.device, self.gpu, self.evaluator.log_tail_bytes, warm_profiler=False,
-                          warm_compile=compile_warm, cpus=self.spare_cpus or self.cpus)
+                          warm_compile=compile_warm, cpus=self.spare_cpus or self.cpus, zygote=self.evaluator.zygote)
 
         worker, self.reference_spare = self.reference_spare, None
         if worker is None or worker.closed or worker.process.poll() is not None:
@@ -339,12 +340,16 @@ class Evaluator:
     several candidates at once; each holds a lane only for its GPU work."""
 
     def __init__(self, device: str = "cuda", gpus: tuple[int, ...] = (0,), *, build_jobs: int | None = None,
-                 log_tail_bytes: int = 16384, pin_cpus: bool = True, prepare_ahead: bool | None = None) -> None:
+                 log_tail_bytes: int = 16384, pin_cpus: bool = True, prepare_ahead: bool | None = None,
+                 fork_server: bool = True) -> None:
         """`prepare_ahead`: whether `prepare` starts a task's reference work on an idle lane while
         its candidate builds (default: on a GPU; a CPU lane's reference would share the cores with
-        the builds)."""
+        the builds). `fork_server`: whether workers that never touch a GPU (the build workers; every
+        worker of a CPU evaluator) are forked from a zygote that imported torch once (zygote.py)
+        instead of each starting a fresh interpreter."""
 
         self.device, self.log_tail_bytes = device, log_tail_bytes
+        self.zygote = Zygote() if fork_server else None
         self.prepare_ahead = device == "cuda" if prepare_ahead is None else prepare_ahead
         lanes = list(gpus) if device == "cuda" else [None]
         lane_cpus, build_cpus = _split_cores(len(lanes), pin_cpus and device == "cuda")
@@ -352,7 +357,8 @@ class Evaluator:
         cores = len(build_cpus) if build_cpus else (os.cpu_count() or 2)
         self.build_jobs = max(1, build_jobs if build_jobs is not None else max(1, cores - 1))
         self.builds = WorkerPool("cpu", cpu_slots=self.build_jobs, log_tail_bytes=log_tail_bytes,
-                                 warm_spares=False, warm_profiler=False, cpus=build_cpus, nice=BUILD_NICE)
+                                 warm_spares=False, warm_profiler=False, cpus=build_cpus, nice=BUILD_NICE,
+                                 zygote=self.zygote)
         # The compilers of the candidates' kernels, run by this (trusted) process into the build cache,
         # which the confined build workers may not write (confine.py); niced like the build pool.
         self.compilers = ThreadPoolExecutor(self.build_jobs, thread_name_prefix="cutegen-compile",
@@ -516,6 +522,8 @@ class Evaluator:
         for lane in self.lanes:
             lane.close()
         self.builds.close()
+        if self.zygote is not None:
+            self.zygote.close()
         self.compilers.shutdown(wait=True)
 
     def __enter__(self) -> "Evaluator":

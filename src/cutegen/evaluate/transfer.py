@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
-import os
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -161,10 +160,3 @@ def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
         return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape)
     raise TransferError(f"unknown output transfer kind {kind!r}")
 
-
-def remove_files(descriptor: Any) -> None:
-    """Delete the files of a CPU export (the worker's directory goes too, this is only sooner)."""
-    for entry in (descriptor or {}).get("leaves", []):
-        if isinstance(entry, dict) and entry.get("kind") == "file":
-            with contextlib.suppress(OSError):
-                os.unlink(entry["path"])

@@ -2,7 +2,8 @@
 
 The protocol (EVALUATION.md, "Isolation"):
 
-- A worker is a fresh Python process (`python -m cutegen.evaluate.worker FD`) pinned to one GPU
+- A worker is a fresh Python process (`python -m cutegen.evaluate.worker FD`; a CPU-only worker is
+  forked instead from a zygote that imported torch once, zygote.py) pinned to one GPU
   through `CUDA_VISIBLE_DEVICES`, started in a fresh temporary working directory (also its TMPDIR),
   with an allow-listed environment, in a process group of its own (`start_new_session`), with its
   stdout and stderr merged into a pipe of which the parent keeps only the last `log_tail_bytes`.
@@ -59,6 +60,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from cutegen.errors import ToolchainError
+from cutegen.evaluate.zygote import ForkedProcess, Zygote, serve_zygote
 
 MAX_MESSAGE_BYTES = 64 << 20  # a reply larger than this is not from our code: treat as corrupted
 START_TIMEOUT_S = 300.0  # importing torch and creating a CUDA context on a busy machine
@@ -167,18 +169,24 @@ class Worker:
     then is closed."""
 
     def __init__(self, device: str, gpu: int | None, log_tail_bytes: int, warm_profiler: bool = True,
-                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None, nice: int = 0) -> None:
+                 warm_compile: bool = False, cpus: tuple[int, ...] | None = None, nice: int = 0,
+                 zygote: Zygote | None = None) -> None:
         self.device, self.gpu = device, gpu
         self.workdir = Path(tempfile.mkdtemp(prefix="cutegen-eval-"))
         parent_sock, child_sock = socket.socketpair()
         env = worker_environment(dict(os.environ), device, gpu, self.workdir, profiler=warm_profiler)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "cutegen.evaluate.worker", str(child_sock.fileno()),
-             *([] if warm_profiler else ["--no-profiler"]), *(["--warm-compile"] if warm_compile else []),
-             *([f"--nice={nice}"] if nice else [])],
-            cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
-        )
+        self.process: subprocess.Popen | ForkedProcess
+        if zygote is not None and device == "cpu":  # forked from an image that imported torch (zygote.py)
+            self.process = zygote.spawn(self.workdir, env, child_sock.fileno(), warm_profiler=warm_profiler,
+                                        warm_compile=warm_compile, nice=nice)
+        else:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cutegen.evaluate.worker", str(child_sock.fileno()),
+                 *([] if warm_profiler else ["--no-profiler"]), *(["--warm-compile"] if warm_compile else []),
+                 *([f"--nice={nice}"] if nice else [])],
+                cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
+            )
         child_sock.close()
         if cpus:  # the GPU lane's workers keep their cores free of the build pool's compilers
             with contextlib.suppress(OSError, AttributeError):
@@ -382,8 +390,8 @@ class WorkerPool:
                  log_tail_bytes: int = 16384, warm_spares: bool = True, warm_profiler: bool = True,
                  warm_compile: bool = False, cpus: tuple[int, ...] | None = None,
                  spare_cpus: tuple[int, ...] | None = None, nice: int = 0, spares: int = 1,
-                 warm_on_take: bool = False) -> None:
-        self.device, self.nice = device, nice
+                 warm_on_take: bool = False, zygote: Zygote | None = None) -> None:
+        self.device, self.nice, self.zygote = device, nice, zygote
         self.spares_per_slot, self.warm_on_take = max(1, spares), warm_on_take
         self.warm_profiler, self.warm_compile = warm_profiler, warm_compile
         # A taken worker runs on `cpus`; a spare starts on `spare_cpus` (the build pool's, where
@@ -404,7 +412,7 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> Worker:
         return Worker(self.device, self.slots[slot], self.log_tail_bytes, self.warm_profiler, self.warm_compile,
-                      self.spare_cpus or self.cpus, self.nice)
+                      self.spare_cpus or self.cpus, self.nice, self.zygote)
 
     def _spares_apart(self) -> bool:
         """Whether a starting spare runs on other cores than the taken worker."""
@@ -689,6 +697,9 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":  # a fork server of CPU workers (zygote.py), each child running serve
+        serve_zygote(int(sys.argv[2]), serve)
+        sys.exit(0)
     for flag in sys.argv[2:]:
         if flag.startswith("--nice="):  # before any thread exists: every later thread and child inherits it
             os.nice(int(flag.removeprefix("--nice=")))
