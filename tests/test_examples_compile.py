@@ -44,6 +44,8 @@ def test_candidate_kernels_compile_for_sm90a(path, tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     for kernel in find_kernels(_import(path)):
         started = time.perf_counter()
-        result = kernel.build(config)  # raises BuildError with the distilled errors on failure
-        print(f"{path.name}:{kernel.name}: cold build {time.perf_counter() - started:.1f} s")
+        # The device code alone (nvcc -cubin; the front end checks the launchers too): the full builds
+        # are the GPU tests' (tests/test_fixtures_gpu.py judges every example candidate).
+        result = kernel.check(config)  # raises BuildError with the distilled errors on failure
+        print(f"{path.name}:{kernel.name}: cold device compile {time.perf_counter() - started:.1f} s")
         assert not result.cached and result.library_path.is_file()

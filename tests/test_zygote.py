@@ -75,6 +75,20 @@ def test_a_forked_worker_sees_what_a_spawned_one_would(monkeypatch):
         zygote.close()
 
 
+def test_a_fork_server_that_cannot_start_says_why(tmp_path, monkeypatch):
+    from cutegen.errors import ToolchainError
+
+    (tmp_path / "torch.py").write_text("raise ImportError('no torch in this folder')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    zygote = Zygote()
+    try:
+        with pytest.raises(ToolchainError, match="no torch in this folder") as err:
+            Worker("cpu", None, 4096, warm_profiler=False, zygote=zygote)
+        assert "fork_server=False" in err.value.fix
+    finally:
+        zygote.close()
+
+
 PARENT = """
 import os, signal, sys, time
 from cutegen.evaluate.worker import Worker

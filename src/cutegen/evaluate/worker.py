@@ -177,8 +177,14 @@ class Worker:
         env = worker_environment(dict(os.environ), device, gpu, self.workdir, profiler=warm_profiler)
         self.process: subprocess.Popen | ForkedProcess
         if zygote is not None and device == "cpu":  # forked from an image that imported torch (zygote.py)
-            self.process = zygote.spawn(self.workdir, env, child_sock.fileno(), warm_profiler=warm_profiler,
-                                        warm_compile=warm_compile, nice=nice)
+            try:
+                self.process = zygote.spawn(self.workdir, env, child_sock.fileno(), warm_profiler=warm_profiler,
+                                            warm_compile=warm_compile, nice=nice)
+            except BaseException:
+                parent_sock.close()
+                child_sock.close()
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                raise
         else:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cutegen.evaluate.worker", str(child_sock.fileno()),

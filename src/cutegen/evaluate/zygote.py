@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from cutegen.errors import ToolchainError
+
 MAX_PACKET_BYTES = 1 << 20  # an environment and a path: far below this
 
 
@@ -120,10 +122,12 @@ class _Server:
         self.ended = False
         self._workdir = Path(tempfile.mkdtemp(prefix="cutegen-zygote-"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "cutegen.evaluate.worker", "--zygote", str(theirs.fileno())], cwd=self._workdir,
-            env={**env, "TMPDIR": str(self._workdir)}, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-            start_new_session=True)
+        self._log = self._workdir / "zygote.log"  # why it could not start, quoted by `spawn`
+        with open(self._log, "wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "cutegen.evaluate.worker", "--zygote", str(theirs.fileno())],
+                cwd=self._workdir, env={**env, "TMPDIR": str(self._workdir)}, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self._sock = ours
         threading.Thread(target=self._read, name="cutegen-zygote-reader", daemon=True).start()
@@ -153,18 +157,28 @@ class _Server:
             try:
                 socket.send_fds(self._sock, [json.dumps({"id": request_id, **request}).encode()], fds)
             except OSError as err:
-                raise RuntimeError(f"the fork server is gone ({err})") from None
+                raise self._failed(f"its channel is closed ({err})") from None
             deadline = time.monotonic() + self.start_timeout_s  # its first answer waits for its import of torch
             with self._cond:
                 while request_id not in self._replies:
                     left = deadline - time.monotonic()
                     if self.ended or left <= 0:
-                        raise RuntimeError("the fork server ended or did not answer")
+                        raise self._failed("it ended" if self.ended else f"no answer in {self.start_timeout_s:g} s")
                     self._cond.wait(left)
                 pid = self._replies.pop(request_id)
         if pid < 0:
-            raise RuntimeError("the fork server could not fork a worker")
+            raise self._failed("it could not fork")
         return pid
+
+    def _failed(self, what: str) -> ToolchainError:
+        try:
+            tail = self._log.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+        except OSError:
+            tail = ""
+        return ToolchainError(f"The fork server of the evaluation workers failed: {what}."
+                              + (f" Its log ends:\n{tail}" if tail else ""),
+                              "Check that torch imports in this Python (`python -c 'import torch'`); or pass"
+                              " fork_server=False to the Evaluator to start each worker on its own.")
 
     def exit_code(self, pid: int) -> int | None:
         with self._cond:

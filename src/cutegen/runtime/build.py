@@ -298,19 +298,59 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     return BuildResult(entry / LIBRARY_NAME, key, arch, nvcc_release(version), cached=False, compile_s=compile_s)
 
 
+CUBIN_NAME = "kernel.cubin"
+_LIBRARY_ONLY_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "--cudart=static")
+
+
+def check_compiles(source: str, config: RuntimeConfig) -> BuildResult:
+    """Compile only the device code of `source` (nvcc -cubin), into the cache's `checks/` folder: nvcc's
+    front end still checks the host code (the launchers) and cicc and ptxas still run for the arch, but
+    the host compiler and the link do not, which halves a CuTe build. For a machine that only needs to
+    know a source compiles (a CI without a GPU); `library_path` is then the cubin, which nothing loads.
+    Raises as `build_library` does."""
+    precheck(source, SOURCE_NAME)
+    nvcc = find_nvcc(config)
+    include = find_cutlass_include(config)
+    arch = detect_arch(config)
+    version = nvcc_version(nvcc)
+    device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
+    full_source = runtime_source(source)
+    key = cache_key(full_source, [*device_flags, *config.extra_flags], arch, version, headers_id(include))
+    cache_dir = Path(config.cache_dir).expanduser()
+    entry = cache_dir / "checks" / key
+    release = nvcc_release(version)
+    if (entry / CUBIN_NAME).is_file():
+        return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=True, compile_s=None)
+    try:
+        (cache_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"The build cache folder {cache_dir} cannot be created or written: {err.strerror}.",
+            "Set CUTEGEN_CACHE (RuntimeConfig.cache_dir) to a writable folder.",
+        ) from None
+    command = [nvcc, *device_flags, "-I", str(include), *config.extra_flags]
+    with _locked(entry.parent / f"{key}.lock"):
+        if (entry / CUBIN_NAME).is_file():
+            return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=True, compile_s=None)
+        compile_s = _compile_into(entry, command, full_source, arch, config.nvcc_timeout_s, CUBIN_NAME)
+    return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=False, compile_s=compile_s)
+
+
 # -------------------------------------------------------------------------------------- compile
 
 
-def _compile_into(entry: Path, command: list[str], full_source: str, arch: str, timeout_s: float) -> float:
+def _compile_into(entry: Path, command: list[str], full_source: str, arch: str, timeout_s: float,
+                  output: str = LIBRARY_NAME) -> float:
     """Run nvcc in a fresh temporary folder and move the results into `entry`; returns seconds taken."""
     work = Path(tempfile.mkdtemp(prefix=entry.name[:12] + "-", dir=entry.parents[1] / "tmp"))
     try:
         (work / SOURCE_NAME).write_text(full_source, encoding="utf-8")
         start = time.perf_counter()
-        returncode = _run_nvcc([*command, "-o", LIBRARY_NAME, SOURCE_NAME], work, timeout_s)
+        returncode = _run_nvcc([*command, "-o", output, SOURCE_NAME], work, timeout_s)
         compile_s = time.perf_counter() - start
         head, tail = _read_log(work / LOG_NAME)
-        succeeded = returncode == 0 and (work / LIBRARY_NAME).is_file()
+        succeeded = returncode == 0 and (work / output).is_file()
         entry.mkdir(exist_ok=True)
         meta = {"command": command[1:], "arch": arch, "returncode": returncode, "compile_s": round(compile_s, 3)}
         (work / "build.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
@@ -332,7 +372,7 @@ def _compile_into(entry: Path, command: list[str], full_source: str, arch: str, 
                 distilled=distill_errors(head, full_source, SOURCE_NAME),
                 log_tail=tail,
             )
-        os.replace(work / LIBRARY_NAME, entry / LIBRARY_NAME)  # last: marks the entry complete
+        os.replace(work / output, entry / output)  # last: marks the entry complete
         return compile_s
     finally:
         shutil.rmtree(work, ignore_errors=True)

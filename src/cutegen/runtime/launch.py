@@ -40,7 +40,7 @@ from typing import Any
 from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError, ConfigError, CutegenError, LaunchError
 from cutegen.records import BuildResult
-from cutegen.runtime.build import build_library
+from cutegen.runtime.build import build_library, check_compiles
 from cutegen.runtime.signature import SCALAR_CODES, TENSOR_CODES, CParam, check_against_source, check_codes
 
 _CONFIG: ContextVar[RuntimeConfig | None] = ContextVar("cutegen_runtime_config", default=None)
@@ -141,6 +141,10 @@ class CuteKernel:
             for fname in self.functions:
                 getattr(self, fname)._bind(library)
         return result
+
+    def check(self, config: RuntimeConfig | None = None) -> BuildResult:
+        """Compile the device code only, loading nothing (build.check_compiles): whether it builds."""
+        return check_compiles(self.source, config if config is not None else current_config())
 
     def _ensure_built(self) -> None:
         with self._lock:
