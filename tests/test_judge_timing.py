@@ -54,29 +54,42 @@ def test_one_disturbed_batch_does_not_fail_an_honest_candidate():
     assert judge_parent_clock(batches, 0.2).passed
 
 
-def test_only_agreeing_batches_count_so_forging_some_gains_nothing():
-    """A CPU shared with other work delays the worker between calls: its batches disagree and are left
-    out, the others decide. A candidate that halves the record of some batches loses just those: the
-    verdict's times are the honest batches' times. One that forges every batch has none left."""
-    from cutegen.evaluate.clock import agreeing_times
+def test_a_disagreeing_batch_counts_at_the_parents_time_so_forging_some_gains_nothing():
+    """A CPU shared with other work delays the worker between calls: its batches disagree and count
+    at the parent's time, the agreeing ones decide the check. A candidate that halves the record of
+    some batches, or slows some on purpose to be rid of them, gets those counted at the parent's
+    time: no faster than the truth. One that forges every batch fails."""
+    from cutegen.evaluate.clock import counted_times
 
     honest = BatchClock(10, 10 * 2.2, 10 * 2.0)
     busy = [BatchClock(10, 10 * 2.2 + 300.0, 10 * 2.0) for _ in range(4)]  # delayed, not forged
     assert judge_parent_clock([*busy, honest], 0.2).passed
-    forged = BatchClock(10, 10 * 2.2, 10 * 1.0)
+    forged = BatchClock(10, 10 * 2.2, 10 * 1.0)  # really 2 ms a call, reported 1
     batches = [forged, honest, forged, honest]
     times = [1.0] * 10 + [2.0] * 10 + [1.0] * 10 + [2.0] * 10
     assert judge_parent_clock(batches, 0.2).passed
-    assert agreeing_times(batches, times, 0.2) == [2.0] * 20
+    assert counted_times(batches, times, 0.2) == pytest.approx([2.0] * 40)
+    slowed = BatchClock(10, 10 * 9.2, 10 * 9.0 / 5)  # a slow batch (9 ms a call) made to disagree
+    assert min(counted_times([slowed], [1.8] * 10, 0.2)) == pytest.approx(9.0)
     every = judge_parent_clock([forged] * 4, 0.2)
     assert not every.passed and "no timed batch agrees" in every.detail
 
 
 def test_outputs_computed_when_asked_for_show_in_the_export_time():
+    """An export that takes long means its output was computed when asked for: with no export on time
+    the check fails; a late one among exports on time (a loaded machine delays some) makes its
+    batch's calls count at the time the export took, so computing lazily in some batches gains nothing."""
+    from cutegen.evaluate.clock import counted_times, late_exports_ms
+
     batches = [BatchClock(10, 10 * 5.2, 10 * 5.0) for _ in range(3)]
-    assert judge_parent_clock(batches, 0.2, export_ms=[3.0, 2.5], export_calibrated_ms=2.0, median_call_ms=5.0).passed
-    late = judge_parent_clock(batches, 0.2, export_ms=[3.0, 90.0], export_calibrated_ms=2.0, median_call_ms=5.0)
-    assert not late.passed and "asked for" in late.detail
+    assert judge_parent_clock(batches, 0.2, export_ms=[3.0, 2.5, 2.0], export_calibrated_ms=2.0, median_call_ms=5.0).passed
+    one_late = [3.0, 90.0, 2.5]
+    assert judge_parent_clock(batches, 0.2, export_ms=one_late, export_calibrated_ms=2.0, median_call_ms=5.0).passed
+    late = late_exports_ms(one_late, 2.0, 5.0)
+    assert late == [0.0, 88.0, 0.0]
+    assert counted_times(batches, [5.0] * 30, 0.2, late) == [5.0] * 10 + [88.0] * 10 + [5.0] * 10
+    every = judge_parent_clock(batches, 0.2, export_ms=[90.0, 95.0, 88.0], export_calibrated_ms=2.0, median_call_ms=5.0)
+    assert not every.passed and "asked for" in every.detail
 
 
 # ------------------------------------------------------------------------- through the pipeline

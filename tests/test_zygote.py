@@ -56,6 +56,7 @@ def test_a_forked_worker_sees_what_a_spawned_one_would(monkeypatch):
             assert view["cwd"] == view["tmp"] == str(worker.workdir)
             assert view["cuda"] == "" and view["marker"] == "first"
             assert len(view["sockets"]) == 1  # its channel: not the zygote's, nor another worker's
+            assert view["path"][0] == view["cwd"]  # its own folder first on sys.path, not the zygote's
         assert views[0]["cwd"] != views[1]["cwd"]
         workers[0].kill()
         assert workers[0].process.returncode == -signal.SIGKILL

@@ -16,15 +16,17 @@ The parent times three things around the worker's commands (EVALUATION.md, "Two 
 - each timed batch of the candidate: its wall time minus the calibrated cost of its calls is the time
   the candidate's calls can have taken; the reported GPU times must account for it;
 - the export of the outputs chosen for verification, against the calibrated export: a worker that
-  computes the chosen outputs only when asked for them pays that time here.
+  computes the chosen outputs only when asked for them pays that time here (a late export makes its
+  batch's calls count at least at that time; no export on time fails the check).
 
 A batch's unexplained time is `wall - calls * overhead - reported`. Honest batches leave a little
 (host jitter, a garbage collection, the host waking up later from a longer wait). A batch *agrees*
 when it leaves no more than `unexplained_limit_ms` (a share of the reported time plus a margin per
-call). Only agreeing batches count: the verdict's times come from them alone, so a batch disturbed
-by the machine (a CPU shared with other work delays the worker between calls) costs its samples and
-nothing else, and a candidate that forges some batches gains nothing from them. When fewer than half
-the batches agree, `RETRY_BATCHES` more are measured; the check fails when none of them all agrees.
+call). An agreeing batch's times count as reported; a disagreeing one's are scaled up to the parent's
+time for it (`counted_times`), so a batch disturbed by the machine (a CPU shared with other work
+delays the worker between calls) only counts as slower, and a candidate that forges some batches, or
+slows some on purpose to be rid of them, gains nothing. When fewer than half the batches agree,
+`RETRY_BATCHES` more are measured; the check fails when none of them all agrees.
 The verdict reports the ratio of the parent's time (less the overhead) to the reported time over
 every batch: near 1 for honest kernels.
 
@@ -110,20 +112,44 @@ def agreeing_share(batches: Sequence[BatchClock], overhead_ms: float) -> float:
     return sum(agrees(b, overhead_ms) for b in batches) / len(batches) if batches else 1.0
 
 
-def agreeing_times(batches: Sequence[BatchClock], times_ms: Sequence[float], overhead_ms: float) -> list[float]:
-    """The per-call times of the agreeing batches (`times_ms` holds every batch's calls, in order)."""
-    kept, start = [], 0
-    for batch in batches:
-        if agrees(batch, overhead_ms):
-            kept += times_ms[start:start + batch.calls]
+def export_allowed_ms(export_calibrated_ms: float, median_call_ms: float) -> float:
+    """How long exporting one batch's chosen outputs may take on the parent's clock."""
+    return export_calibrated_ms * 3 + EXPORT_SLACK_MS + EXPORT_CALL_SHARE * median_call_ms
+
+
+def counted_times(batches: Sequence[BatchClock], times_ms: Sequence[float], overhead_ms: float,
+                  late_exports_ms: Sequence[float] = ()) -> list[float]:
+    """The per-call times the verdict counts (`times_ms` holds every batch's calls, in order): an
+    agreeing batch's as reported; a disagreeing batch's scaled up to the parent's time for it
+    (`wall - calls * overhead` over the reported sum), so that a batch made to disagree, by forging
+    its record or by slowing it on purpose, can only count as slower, never be left out. A batch
+    whose export came late (`late_exports_ms`: per batch, the time its export took beyond the
+    calibrated one, 0 when on time) counts each call at least at that time: outputs computed only
+    when asked for cost at least that much each."""
+    counted, start = [], 0
+    for index, batch in enumerate(batches):
+        part = list(times_ms[start:start + batch.calls])
+        if not agrees(batch, overhead_ms) and batch.reported_ms > 0:
+            factor = max(1.0, (batch.wall_ms - batch.calls * overhead_ms) / batch.reported_ms)
+            part = [t * factor for t in part]
+        late = late_exports_ms[index] if index < len(late_exports_ms) else 0.0
+        if late > 0:
+            part = [max(t, late) for t in part]
+        counted += part
         start += batch.calls
-    return kept
+    return counted
+
+
+def late_exports_ms(export_ms: Sequence[float], export_calibrated_ms: float, median_call_ms: float) -> list[float]:
+    """Per batch: what its export took beyond the calibrated one when over its allowance, else 0."""
+    allowed = export_allowed_ms(export_calibrated_ms, median_call_ms)
+    return [took - export_calibrated_ms if took > allowed else 0.0 for took in export_ms]
 
 
 def judge_parent_clock(batches: Sequence[BatchClock], overhead_ms: float, export_ms: Sequence[float] = (),
                        export_calibrated_ms: float | None = None, median_call_ms: float = 0.0) -> CheckResult:
     """The `parent_clock` check: at least one batch whose reported times account for the parent's
-    time (the verdict's times come from those alone), and the exports of chosen outputs no slower
+    time (the others count at the parent's time, `counted_times`), and the exports of chosen outputs no slower
     than calibrated beyond what recomputing them would cost."""
     ratio = clock_ratio(batches, overhead_ms)
     shown = f"{ratio:.3f}" if ratio is not None else "n/a"
@@ -137,15 +163,17 @@ def judge_parent_clock(batches: Sequence[BatchClock], overhead_ms: float, export
             f" times ({best.reported_ms:.3f} ms) do not account for (allowed"
             f" {unexplained_limit_ms(best, overhead_ms):.3f} ms; overhead {overhead_ms:.4f} ms per call,"
             f" calibrated before the import); parent/reported ratio {shown}")
-    if export_calibrated_ms is not None:
-        for took in export_ms:
-            allowed = export_calibrated_ms * 3 + EXPORT_SLACK_MS + EXPORT_CALL_SHARE * median_call_ms
-            if took > allowed:
-                return CheckResult(
-                    "parent_clock", "timing", False,
-                    f"exporting the outputs chosen for verification took {took:.1f} ms on the parent's clock"
-                    f" (calibrated {export_calibrated_ms:.1f} ms, allowed {allowed:.1f} ms): the outputs"
-                    " were computed when they were asked for, not in the timed calls")
+    if export_calibrated_ms is not None and export_ms:
+        # One export on time is enough to pass (a loaded machine delays some); a late one makes its
+        # batch's calls count at the time it took (`counted_times`).
+        allowed = export_allowed_ms(export_calibrated_ms, median_call_ms)
+        took = min(export_ms)
+        if took > allowed:
+            return CheckResult(
+                "parent_clock", "timing", False,
+                f"exporting the outputs chosen for verification took at least {took:.1f} ms on the parent's clock"
+                f" in every batch (calibrated {export_calibrated_ms:.1f} ms, allowed {allowed:.1f} ms): the"
+                " outputs were computed when they were asked for, not in the timed calls")
     return CheckResult("parent_clock", "timing", True,
                        f"parent/reported ratio {shown} over {len(batches)} batches, {len(agreeing)} agreeing"
-                       f" (their times are the verdict's; overhead {overhead_ms:.4f} ms per call)")
+                       f" (the others count at the parent's time; overhead {overhead_ms:.4f} ms per call)")

@@ -363,6 +363,8 @@ class Worker:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # a forked worker not yet in its own group
+            os.kill(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=30.0)
         self._tail.join(timeout=2.0)  # the pipe closes with the group: collect the last output

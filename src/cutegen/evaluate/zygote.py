@@ -11,8 +11,9 @@ channel. Nothing of a candidate ever runs in the zygote, so no worker sees anoth
 child inherits is the zygote's import of torch, which no command has used.
 
 The zygote never creates a CUDA context (a fork after one is unusable), so GPU lanes keep spawning
-fresh interpreters. The zygote stays single-threaded (it polls its channel rather than run a watcher
-thread) so that a fork never copies a lock another thread held.
+fresh interpreters. The zygote runs no Python thread of its own (it polls its channel rather than run
+a watcher thread), so a fork never copies a lock one of them held; the native threads torch's import
+starts (OpenBLAS's pool) are idle, and OpenBLAS makes itself safe to fork.
 
 The zygote is `python -m cutegen.evaluate.worker --zygote FD`. Protocol: one SOCK_SEQPACKET socket pair, one JSON message per packet. The parent sends
 {"id", "cwd", "env", "warm_profiler", "warm_compile", "nice"} with two descriptors (the worker's
@@ -148,7 +149,9 @@ class _Server:
                 if "exit" in message:
                     self._exits[int(message["exit"])] = int(message["returncode"])
                 else:
-                    self._replies[int(message["id"])] = int(message.get("pid", -1))
+                    pid = int(message.get("pid", -1))
+                    self._exits.pop(pid, None)  # an earlier process of the same pid: its report is stale
+                    self._replies[int(message["id"])] = pid
                 self._cond.notify_all()
 
     def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
@@ -229,7 +232,12 @@ def _become_worker(request: dict[str, Any], channel: int, log: int, serve: Calla
         # Only the channel and stdio stay open: not the zygote's own channel, nor another child's.
         os.closerange(3, keep)
         os.closerange(keep + 1, 1 << 16)
+        own = os.getcwd()  # the zygote's folder: `python -m` put it first on sys.path, as a spawn puts its own
         os.chdir(request["cwd"])
+        sys.path[:] = [request["cwd"] if entry in ("", own) else entry for entry in sys.path]
+        started_in = sys.modules.get("multiprocessing.process")
+        if started_in is not None:
+            started_in.ORIGINAL_DIR = request["cwd"]  # type: ignore[attr-defined]
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # TMPDIR is the worker's own directory, read again at the next use
@@ -248,6 +256,15 @@ def _become_worker(request: dict[str, Any], channel: int, log: int, serve: Calla
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _report(sock: socket.socket, children: set[int], message: dict[str, Any]) -> None:
+    """Send one message to the parent; a parent that is gone ends the zygote and its children."""
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        _end_children(children)
+        os._exit(1)
 
 
 def _end_children(children: set[int]) -> None:
@@ -284,7 +301,7 @@ def serve_zygote(fd: int, serve: Callable[..., None], poll_s: float = 0.5) -> No
             if pid == 0:
                 break
             children.discard(pid)
-            sock.send(json.dumps({"exit": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+            _report(sock, children, {"exit": pid, "returncode": os.waitstatus_to_exitcode(status)})
         if os.getppid() != parent:
             _end_children(children)
             os._exit(1)
@@ -300,11 +317,14 @@ def serve_zygote(fd: int, serve: Callable[..., None], poll_s: float = 0.5) -> No
         request = json.loads(packet)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork() if len(fds) == 2 else -1
+        try:
+            pid = os.fork() if len(fds) == 2 else -1
+        except OSError:  # no memory or process slot left: the parent hears it as a failed fork
+            pid = -1
         if pid == 0:
             _become_worker(request, fds[0], fds[1], serve)
         for descriptor in fds:
             os.close(descriptor)
         if pid > 0:
             children.add(pid)
-        sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+        _report(sock, children, {"id": request["id"], "pid": pid})

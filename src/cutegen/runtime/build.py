@@ -307,7 +307,8 @@ def check_compiles(source: str, config: RuntimeConfig) -> BuildResult:
     front end still checks the host code (the launchers) and cicc and ptxas still run for the arch, but
     the host compiler and the link do not, which halves a CuTe build. For a machine that only needs to
     know a source compiles (a CI without a GPU); `library_path` is then the cubin, which nothing loads.
-    Raises as `build_library` does."""
+    Weaker than a build: what only the host compiler or the link reports (an `extern "C"` launcher
+    declared but not defined) passes here. Raises as `build_library` does."""
     precheck(source, SOURCE_NAME)
     nvcc = find_nvcc(config)
     include = find_cutlass_include(config)
