@@ -89,6 +89,11 @@ def worker_environment(source: dict[str, str], device: str, gpu: int | None, wor
     worker opens a profiler session (see TEARDOWN_CUPTI below)."""
     env = {k: v for k, v in source.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
     env["CUDA_VISIBLE_DEVICES"] = str(gpu) if device == "cuda" and gpu is not None else ""
+    if device != "cuda":
+        # A CPU worker computes on one thread unless told otherwise: OpenMP's threads spin after each
+        # parallel op and took the cores from the timing loop around the calls (on 2 cores, 3x its
+        # calibrated cost), which the parent's clock then saw as time the reported times lacked.
+        env.setdefault("OMP_NUM_THREADS", "1")
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding `cutegen/`
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env["TMPDIR"] = str(workdir)
