@@ -82,7 +82,8 @@ def test_outputs_computed_when_asked_for_show_in_the_export_time():
     from cutegen.evaluate.clock import counted_times, late_exports_ms
 
     batches = [BatchClock(10, 10 * 5.2, 10 * 5.0) for _ in range(3)]
-    assert judge_parent_clock(batches, 0.2, export_ms=[3.0, 2.5, 2.0], export_calibrated_ms=2.0, median_call_ms=5.0).passed
+    on_time = [3.0, 2.5, 2.0]
+    assert judge_parent_clock(batches, 0.2, export_ms=on_time, export_calibrated_ms=2.0, median_call_ms=5.0).passed
     one_late = [3.0, 90.0, 2.5]
     assert judge_parent_clock(batches, 0.2, export_ms=one_late, export_calibrated_ms=2.0, median_call_ms=5.0).passed
     late = late_exports_ms(one_late, 2.0, 5.0)

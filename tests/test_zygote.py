@@ -135,7 +135,8 @@ def test_an_evaluator_judges_alike_with_and_without_the_fork_server(fork_server,
     from cutegen.evaluate.service import Evaluator
     from cutegen.tasks import load_task
 
-    config = EvalConfig(device="cpu", backend="torch", do_timing=False, cache_dir=tmp_path / "eval", run_timeout_s=120.0)
+    config = EvalConfig(device="cpu", backend="torch", do_timing=False, cache_dir=tmp_path / "eval",
+                        run_timeout_s=120.0)
     task = load_task(REPO / "examples" / "tasks" / "swish_scale.py")
     with Evaluator("cpu", fork_server=fork_server) as service:
         assert (service.zygote is not None) == fork_server

@@ -683,7 +683,8 @@ def _judge_timing(run: VerdictBuilder, data: dict[str, Any], calibration: dict[s
     if counted.get("stream_ms") and counted.get("idle_ms"):
         timing = replace(timing, stream_median_ms=statistics.median(counted["stream_ms"]),
                          idle_median_ms=statistics.median(counted["idle_ms"]),
-                         past_stream_trials=sum(1 for t, s in zip(counted["clocked_times_ms"], counted["stream_ms"]) if t != s))
+                         past_stream_trials=sum(1 for t, s in zip(counted["clocked_times_ms"], counted["stream_ms"])
+                                                if t != s))
     run.set(timing=timing)
     run.add(CheckResult("timed_outputs", "timing", True, f"{len(data['validated'])} timed outputs checked,"
                         " each on inputs of its own, chosen after its batch ran"))

@@ -24,8 +24,9 @@ The protocol (EVALUATION.md, "Isolation"):
   length-prefixed JSON (never pickle: the parent must not execute anything the worker sends, and
   never stdout: what the candidate prints cannot pose as a result). Each command carries a fresh
   nonce that its reply must echo: a reply written to the channel by the candidate, or one out of
-  order, ends the job with `worker_protocol`. The parent sends one command at a time and waits for the reply with that command's timeout (build commands get the build timeout,
-  everything else the run timeout).
+  order, ends the job with `worker_protocol`. The parent sends one command at a time and waits for
+  the reply with that command's timeout (build commands get the build timeout, everything else the
+  run timeout).
 - A timeout kills the whole process group with SIGKILL, and every descendant that started a group
   of its own (nvcc does), found through /proc; a worker that dies (a segfault, an abort, the OOM
   killer) or closes the channel ends the job with `WorkerDied`, whose `reason` names what happened.

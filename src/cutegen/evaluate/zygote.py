@@ -15,7 +15,8 @@ fresh interpreters. The zygote runs no Python thread of its own (it polls its ch
 a watcher thread), so a fork never copies a lock one of them held; the native threads torch's import
 starts (OpenBLAS's pool) are idle, and OpenBLAS makes itself safe to fork.
 
-The zygote is `python -m cutegen.evaluate.worker --zygote FD`. Protocol: one SOCK_SEQPACKET socket pair, one JSON message per packet. The parent sends
+The zygote is `python -m cutegen.evaluate.worker --zygote FD`. Protocol: one SOCK_SEQPACKET socket
+pair, one JSON message per packet. The parent sends
 {"id", "cwd", "env", "warm_profiler", "warm_compile", "nice"} with two descriptors (the worker's
 channel and the write end of its log pipe); the zygote answers {"id", "pid"}, and reports
 {"exit": pid, "returncode": code} (negative: killed by that signal, as subprocess.Popen says) for
