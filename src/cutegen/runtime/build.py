@@ -240,11 +240,11 @@ def build_key(source: str, arch: str, nvcc_version_output: str, headers: str, ex
     return cache_key(runtime_source(source), nvcc_flags(arch, None, extra), arch, nvcc_version_output, headers)
 
 
-def _cached(entry: Path, key: str, arch: str, version: str) -> BuildResult | None:
-    library = entry / LIBRARY_NAME
-    if not library.is_file():
+def _cached(entry: Path, key: str, arch: str, version: str, output: str = LIBRARY_NAME) -> BuildResult | None:
+    found = entry / output
+    if not found.is_file():
         return None
-    return BuildResult(library, key, arch, nvcc_release(version), cached=True, compile_s=None)
+    return BuildResult(found, key, arch, nvcc_release(version), cached=True, compile_s=None)
 
 
 @contextmanager
@@ -265,21 +265,31 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     BuildError (nvcc rejected the source or timed out, or `precheck` found a mistake nvcc would
     report misleadingly; `distilled` holds the first errors).
     """
-    precheck(source, SOURCE_NAME)  # a misleading compiler message named plainly, before nvcc runs
-    nvcc = find_nvcc(config)
-    include = find_cutlass_include(config)
-    arch = detect_arch(config)
-    version = nvcc_version(nvcc)
+    nvcc, include, arch, version = _toolchain(source, config)
     flags = nvcc_flags(arch, include, config.extra_flags)
-    full_source = runtime_source(source)
     key = build_key(source, arch, version, headers_id(include), config.extra_flags)
     if config.shared_cache_dir is not None:  # read, never written (a candidate's worker)
         hit = _cached(Path(config.shared_cache_dir).expanduser() / key[:2] / key, key, arch, version)
         if hit is not None:
             return hit
     cache_dir = Path(config.cache_dir).expanduser()
-    entry = cache_dir / key[:2] / key
-    hit = _cached(entry, key, arch, version)
+    return _compile_cached(cache_dir, cache_dir / key[:2] / key, key, arch, version, [nvcc, *flags],
+                           runtime_source(source), config.nvcc_timeout_s, LIBRARY_NAME)
+
+
+def _toolchain(source: str, config: RuntimeConfig) -> tuple[str, Path, str, str]:
+    """nvcc, the CUTLASS include folder, the arch and nvcc's version, once `precheck` has named any
+    mistake nvcc would report misleadingly."""
+    precheck(source, SOURCE_NAME)
+    nvcc = find_nvcc(config)
+    return nvcc, find_cutlass_include(config), detect_arch(config), nvcc_version(nvcc)
+
+
+def _compile_cached(cache_dir: Path, entry: Path, key: str, arch: str, version: str, command: list[str],
+                    full_source: str, timeout_s: float, output: str) -> BuildResult:
+    """`entry`'s `output` from the cache, or compiled into it under a lock per key (a second builder
+    waits for the first and finds its result)."""
+    hit = _cached(entry, key, arch, version, output)
     if hit is not None:
         return hit
     try:
@@ -291,11 +301,11 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
             "Set CUTEGEN_CACHE (RuntimeConfig.cache_dir) to a writable folder.",
         ) from None
     with _locked(entry.parent / f"{key}.lock"):
-        hit = _cached(entry, key, arch, version)  # built by another process while we waited
+        hit = _cached(entry, key, arch, version, output)  # built by another process while we waited
         if hit is not None:
             return hit
-        compile_s = _compile_into(entry, [nvcc, *flags], full_source, arch, config.nvcc_timeout_s)
-    return BuildResult(entry / LIBRARY_NAME, key, arch, nvcc_release(version), cached=False, compile_s=compile_s)
+        compile_s = _compile_into(entry, command, full_source, arch, timeout_s, output)
+    return BuildResult(entry / output, key, arch, nvcc_release(version), cached=False, compile_s=compile_s)
 
 
 CUBIN_NAME = "kernel.cubin"
@@ -309,33 +319,14 @@ def check_compiles(source: str, config: RuntimeConfig) -> BuildResult:
     know a source compiles (a CI without a GPU); `library_path` is then the cubin, which nothing loads.
     Weaker than a build: what only the host compiler or the link reports (an `extern "C"` launcher
     declared but not defined) passes here. Raises as `build_library` does."""
-    precheck(source, SOURCE_NAME)
-    nvcc = find_nvcc(config)
-    include = find_cutlass_include(config)
-    arch = detect_arch(config)
-    version = nvcc_version(nvcc)
+    nvcc, include, arch, version = _toolchain(source, config)
     device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
     full_source = runtime_source(source)
     key = cache_key(full_source, [*device_flags, *config.extra_flags], arch, version, headers_id(include))
     cache_dir = Path(config.cache_dir).expanduser()
-    entry = cache_dir / "checks" / key
-    release = nvcc_release(version)
-    if (entry / CUBIN_NAME).is_file():
-        return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=True, compile_s=None)
-    try:
-        (cache_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        entry.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"The build cache folder {cache_dir} cannot be created or written: {err.strerror}.",
-            "Set CUTEGEN_CACHE (RuntimeConfig.cache_dir) to a writable folder.",
-        ) from None
-    command = [nvcc, *device_flags, "-I", str(include), *config.extra_flags]
-    with _locked(entry.parent / f"{key}.lock"):
-        if (entry / CUBIN_NAME).is_file():
-            return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=True, compile_s=None)
-        compile_s = _compile_into(entry, command, full_source, arch, config.nvcc_timeout_s, CUBIN_NAME)
-    return BuildResult(entry / CUBIN_NAME, key, arch, release, cached=False, compile_s=compile_s)
+    return _compile_cached(cache_dir, cache_dir / "checks" / key, key, arch, version,
+                           [nvcc, *device_flags, "-I", str(include), *config.extra_flags], full_source,
+                           config.nvcc_timeout_s, CUBIN_NAME)
 
 
 # -------------------------------------------------------------------------------------- compile
