@@ -19,8 +19,12 @@
 #                    THROUGHPUT_SELECT, THROUGHPUT_PART and THROUGHPUT_PROFILE pass its --select, --part and
 #                    --profile, THROUGHPUT_ARGS more arguments, THROUGHPUT_TAIL_S the seconds kept for the
 #                    profiles after the bench (default 45).
-#   shared_gpu (300) bench/shared_gpu_h200.py: several `cutegen eval` at once on one GPU.
-#   split_build (560) bench/split_build_h200.py: a split run's builds prebuilt without the GPU.
+#   judge (560)      bench/judge_h200.py over JUDGE_SECTIONS (default cheats,honest,cuda,structure), one
+#                    evaluation at a time, resumed from bench/results/judge-h200.jsonl less the lines that
+#                    match JUDGE_RERUN; JUDGE_CACHE a cache root to start from (a `cutegen prebuild` output).
+#   shared_gpu (300) bench/shared_gpu_h200.py: several `cutegen eval` at once on one GPU (SHARED_ARGS).
+#   split_build (560) bench/split_build_h200.py: a split run's builds prebuilt without the GPU (SPLIT_ARGS,
+#                    e.g. --prebuilt DIR for builds made on another machine).
 # A device call may run 10 minutes, so the steps of one call share TOTAL_S (default 570 s): each gets the
 # smaller of its own limit and what is left (STEP_LIMITS="gpu_tests=300 machine=60" lowers them), and a
 # step with under 30 s left is skipped (summary.txt says so).
@@ -49,15 +53,22 @@ run_step() {  # step, output folder: the step's commands (run under the step's t
       python3 bench/throughput_h200.py --out "$out" --kernelbench .kernelbench --select "${THROUGHPUT_SELECT:-level1:19-32}" \
         --part "${THROUGHPUT_PART:-part1}" --budget-s $(( STEP_S - ${THROUGHPUT_TAIL_S:-45} )) \
         --profile="${THROUGHPUT_PROFILE:-}" ${THROUGHPUT_ARGS:-} ;;
-    shared_gpu)  python3 bench/shared_gpu_h200.py --out "$out" ;;
-    split_build) python3 bench/split_build_h200.py --out "$out" ;;
+    judge)
+      grep -v -E "${JUDGE_RERUN:-^$}" bench/results/judge-h200.jsonl > "$out/judge-h200.jsonl"
+      python3 bench/judge_h200.py --out "$out" --sections "${JUDGE_SECTIONS:-cheats,honest,cuda,structure}" \
+        --kernelbench .kernelbench --cache "${JUDGE_CACHE:-$WORK/cache}" ;;
+    # shellcheck disable=SC2086 # SHARED_ARGS and SPLIT_ARGS are lists of arguments
+    shared_gpu)  # the copies' caches stay in shared-work (not packed)
+      python3 bench/shared_gpu_h200.py --out "$WORK/shared-work" ${SHARED_ARGS:-}
+      cp "$WORK"/shared-work/*.md "$WORK"/shared-work/*.json "$WORK"/shared-work/*.log "$out/" ;;
+    split_build) python3 bench/split_build_h200.py --out "$out" ${SPLIT_ARGS:-} ;;
   esac
 }
 
 limit_of() {
   case "$1" in
     prebuild) echo 150 ;; machine) echo 120 ;; gpu_tests) echo 420 ;; shared_gpu) echo 300 ;;
-    survey|throughput|split_build) echo 560 ;; *) return 1 ;;
+    survey|throughput|split_build|judge) echo 560 ;; *) return 1 ;;
   esac
 }
 
@@ -92,7 +103,8 @@ for step in "$@"; do
   rc=$?
   echo "$step rc=$rc $(( $(date +%s) - start ))s" | tee -a "$WORK/summary.txt"
 done
-tar czf "$OUT_DIR/h200-results.tgz" -C "$WORK" --exclude=./cache --exclude=./survey .
+tar czf "$OUT_DIR/h200-results.tgz" -C "$WORK" --exclude=./cache --exclude=./survey --exclude=./shared-work \
+  --exclude='*/work/*cache*' --exclude='*/runs/*/candidates' .
 cp "$WORK/summary.txt" "$OUT_DIR/summary.txt"
 # The end of each step's output, for the reply of the device call.
 for f in "$WORK"/*/stdout.txt; do echo "== $f"; tail -n "${TAIL_LINES:-12}" "$f" | cut -c1-300; done

@@ -1,11 +1,12 @@
 """Several `cutegen eval` runs at once on one GPU, each with an honest candidate: no verdict may blame
 the candidate (a rejection for memory or time); `gpu_busy` (not a verdict) is allowed, and counted.
 
-    python3 bench/shared_gpu_h200.py --out DIR [--copies 4]
+    python3 bench/shared_gpu_h200.py --out DIR [--copies 4] [--prebuilt CACHE]
 
 Starts the copies together (each its own process, evaluator and caches), waits for all, and writes
 DIR/shared-gpu-h200.md and .json: per run, the exit status, the verdict, the failed check, the median
-and the parent-clock ratio, with the machine manifest. Calls only the CLI.
+and the parent-clock ratio, with the machine manifest. Calls only the CLI. --prebuilt CACHE: each copy's
+cache starts as a copy of CACHE (`cutegen prebuild` output), so the copies share the GPU, not nvcc.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,12 +39,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument("--prebuilt", type=Path, help="A `cutegen prebuild` cache each copy starts from.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs, started = [], time.perf_counter()
     for i in range(args.copies):
         candidate, task = CANDIDATES[i % len(CANDIDATES)]
         env = {**os.environ, "CUTEGEN_CACHE": str(args.out / f"cache-{i}")}
+        if args.prebuilt:
+            shutil.copytree(args.prebuilt, args.out / f"cache-{i}", dirs_exist_ok=True)
         command = [sys.executable, "-m", "cutegen", "eval", candidate, "--task", task, "--json"]
         log = (args.out / f"run-{i}.log").open("w")
         runs.append((candidate, subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,

@@ -1,21 +1,21 @@
 """A split run's builds, prebuilt without the GPU and found by the GPU side: nvcc calls and GPU seconds.
 
-    python3 bench/split_build_h200.py --out DIR [--select conv2d,matmul] [--dry-run]
+    python3 bench/split_build_h200.py --out DIR [--select conv2d,matmul] [--dry-run] [--prebuilt CACHE]
 
-Command line only. `cutegen bench examples/tasks --evaluate` over tests/fixtures/bench_candidates (6
-honest CuTe kernels, 7 broken) runs on the GPU twice, from empty caches: before, nothing prebuilt;
-after, `cutegen prebuild --arch sm_90a` ran first as a machine without a GPU (CUDA_VISIBLE_DEVICES
-empty) with the CUTLASS headers at another path. A wrapper (CUTEGEN_NVCC) logs every nvcc call and its
-exit status: after the prebuild, no GPU-side call may build a kernel (exit status 1 otherwise; a failed
-build is not cached, so its evaluation compiles it again to judge the error). Per task: GPU seconds and
-build seconds (results.json, verdicts.jsonl). --dry-run (no GPU): the GPU side runs `cutegen prebuild`
-instead, which must build nothing. Writes DIR/split-build-h200.json and .md."""
+`cutegen bench examples/tasks --evaluate` over tests/fixtures/bench_candidates runs on the GPU twice
+from empty caches: before, nothing prebuilt; after, `cutegen prebuild --arch sm_90a` ran as a machine
+without a GPU (no visible device, CUTLASS headers at another path) or on another machine (--prebuilt
+CACHE: its `prebuild --json` in CACHE/prebuild.json, `machine --json` in CACHE/machine.json). An nvcc
+wrapper logs each call: after the prebuild no GPU-side call may build a kernel (exit 1 otherwise; a
+failed build is not cached: it is compiled again to judge its error). --dry-run (no GPU): the GPU side
+runs `cutegen prebuild`, which must build nothing. Writes DIR/split-build-h200.{json,md}."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,14 +27,6 @@ TASKS, CANDIDATES = REPO / "examples" / "tasks", REPO / "tests" / "fixtures" / "
 SIX = "conv2d,layer_norm,linear_gelu,matmul,row_softmax,swish_scale"
 
 
-def cutegen(args: list[str], env: dict[str, str], timeout_s: float = 1800) -> tuple[int, str, float]:
-    """Run the CLI; (exit status, stdout, wall seconds). stderr goes to this script's."""
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "cutegen", *args], env=env, stdout=subprocess.PIPE, text=True,
-                          timeout=timeout_s, cwd=REPO)
-    return done.returncode, done.stdout, time.perf_counter() - started
-
-
 def calls(log: Path) -> dict[str, Any]:
     rows = [line.split() for line in log.read_text().splitlines()] if log.is_file() else []
     return {"nvcc_calls": len(rows), "nvcc_s": round(sum(float(end) - float(start) for end, start, *_ in rows), 1),
@@ -42,8 +34,7 @@ def calls(log: Path) -> dict[str, Any]:
 
 
 def side(work: Path, name: str, base: dict[str, str], wrapper: str, **extra: str) -> dict[str, str]:  # cache, nvcc
-    (work / name).mkdir(parents=True, exist_ok=True)
-    (work / name / "nvcc").write_text(wrapper)
+    (work / name).mkdir(parents=True, exist_ok=True), (work / name / "nvcc").write_text(wrapper)
     (work / name / "nvcc").chmod(0o755)
     return {**base, "CUTEGEN_CACHE": str(work / name / "cache"), "CUTEGEN_NVCC": str(work / name / "nvcc"), **extra}
 
@@ -61,11 +52,9 @@ def per_task(run_dir: Path) -> dict[str, Any]:
 
 def prepare(work: Path, select: str, base: dict[str, str]) -> tuple[Path, str, Path, Path]:
     """The selected tasks' candidate files, the nvcc wrapper, the headers and a second root holding them."""
-    folder = work / "candidates"
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in CANDIDATES.glob("*.py"):
-        if path.stem.split("_sample_")[0] in select.split(","):
-            (folder / path.name).write_text(path.read_text())
+    (folder := work / "candidates").mkdir(parents=True, exist_ok=True)
+    for path in (p for p in CANDIDATES.glob("*.py") if p.stem.split("_sample_")[0] in select.split(",")):
+        (folder / path.name).write_text(path.read_text())
     real = subprocess.run(["which", "nvcc"], capture_output=True, text=True).stdout.strip() or "/usr/local/cuda/bin/nvcc"
     # nvcc, logging each compile (not --version) beside itself (workers do not pass every variable on)
     wrapper = (f'#!/bin/sh\ncase " $* " in *" --version "*) exec "{real}" "$@";; esac\nstart=$(date +%s.%N)\n'
@@ -74,15 +63,17 @@ def prepare(work: Path, select: str, base: dict[str, str]) -> tuple[Path, str, P
     headers = Path(subprocess.run([sys.executable, "-c", find], capture_output=True, text=True, env=base).stdout.strip())
     root = work / "cpu-side-root" / "include"  # the same headers at another path: another install root
     root.mkdir(parents=True, exist_ok=True)
-    for name in ("cute", "cutlass"):
-        if not (root / name).exists():
-            (root / name).symlink_to(headers / name, target_is_directory=True)
+    for name in (n for n in ("cute", "cutlass") if not (root / n).exists()):
+        (root / name).symlink_to(headers / name, target_is_directory=True)
     return folder, wrapper, headers, root
 
 
 def step(args: list[str], env: dict[str, str], run_dir: Path | None = None) -> dict[str, Any]:
-    code, out, wall = cutegen(args, env)
-    row = {"exit": code, "wall_s": round(wall, 1), **calls(Path(env["CUTEGEN_NVCC"]).parent / "nvcc.log")}
+    started = time.perf_counter()  # the CLI's exit status, wall seconds and nvcc calls (its stderr: ours)
+    done = subprocess.run([sys.executable, "-m", "cutegen", *args], env=env, stdout=subprocess.PIPE, text=True,
+                          timeout=1800, cwd=REPO)
+    out, log = done.stdout, Path(env["CUTEGEN_NVCC"]).parent / "nvcc.log"
+    row = {"exit": done.returncode, "wall_s": round(time.perf_counter() - started, 1), **calls(log)}
     extra = json.loads(out) if args[0] == "prebuild" else {}  # prebuild --json: the counts of its builds
     if run_dir is not None:
         extra = {"tasks": per_task(run_dir), "tail": out[-1500:]}
@@ -100,20 +91,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"select": args.select, "headers": {"gpu_side": str(headers), "cpu_side": str(root)}}
     if not args.dry_run:
         result["before"] = step([*bench, "--run-id", "before"], side(work, "before", base, wrapper), runs / "before")
-    cpu = side(work, "cpu-side", base, wrapper, CUDA_VISIBLE_DEVICES="", CUTEGEN_CUTLASS_INCLUDE=str(root),
-               CUTEGEN_CACHE=str(work / "after" / "cache"))
-    result["prebuild"] = step(prebuild, cpu)
+    if args.prebuilt:  # built on another machine: its report, and a copy of its cache for the GPU side
+        report, drop = json.loads((args.prebuilt / "prebuild.json").read_text()), ("results", "target", "build_cache")
+        result["prebuild"] = {**{k: v for k, v in report.items() if k not in drop}, "exit": 0, "nvcc_calls": "-",
+                              "nvcc_s": "-", "wall_s": round(report["wall_s"], 1),
+                              "machine": json.loads((args.prebuilt / "machine.json").read_text())["manifest"]}
+        shutil.copytree(args.prebuilt, work / "after" / "cache", dirs_exist_ok=True)
+    else:
+        cpu = side(work, "cpu-side", base, wrapper, CUDA_VISIBLE_DEVICES="", CUTEGEN_CUTLASS_INCLUDE=str(root),
+                   CUTEGEN_CACHE=str(work / "after" / "cache"))
+        result["prebuild"] = step(prebuild, cpu)
     gpu = side(work, "after", base, wrapper)
     result["after"] = step(prebuild, gpu) if args.dry_run else step([*bench, "--run-id", "after"], gpu, runs / "after")
     # A prebuilt kernel needs no nvcc on the GPU side; a failed build is not cached and is compiled again.
-    result["gpu_side_nvcc_calls"] = result["after"]["nvcc_calls"]
-    result["gpu_side_successful_calls"] = result["after"]["nvcc_calls"] - result["after"]["failed_calls"]
+    after = result["after"]
+    result.update(gpu_side_nvcc_calls=after["nvcc_calls"], gpu_side_successful_calls=after["nvcc_calls"] - after["failed_calls"])
     return result
 
 
 def markdown(r: dict[str, Any]) -> str:
+    other = ", ".join(f"{k} {r['prebuild'].get('machine', {}).get(k)}" for k in ("platform", "cpu_count", "torch_version"))
     lines = ["# Split run: builds made without the GPU, found by the GPU side", "",
-             f"Tasks {r['select']}; candidates tests/fixtures/bench_candidates. Prebuild on the CPU side:"
+             f"Tasks {r['select']}; candidates tests/fixtures/bench_candidates. Prebuild on the CPU side"
+             + (f" (another machine, no GPU: {other})" if "machine" in r["prebuild"] else "") + ":"
              f" {r['prebuild']['kernels_built']} kernel(s) built, {r['prebuild']['failed']} candidate(s) failed to"
              f" build, {r['prebuild']['wall_s']} s. GPU side after the prebuild: **{r['gpu_side_successful_calls']}**"
              f" nvcc calls that built a kernel, {r['gpu_side_nvcc_calls']} in all (a failed build is not cached:"
@@ -137,11 +137,12 @@ def main() -> int:
     parser.add_argument("--select", default=SIX)
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--dry-run", action="store_true", help="No GPU: the GPU side only looks the builds up.")
+    parser.add_argument("--prebuilt", type=Path, help="A cache prebuilt on another machine (see above).")
     args = parser.parse_args()
     result = run(args)
     (args.out / "split-build-h200.json").write_text(json.dumps(result, indent=1))
-    (args.out / "split-build-h200.md").write_text(markdown(result))
-    print(markdown(result))
+    (args.out / "split-build-h200.md").write_text(text := markdown(result))
+    print(text)
     return 0 if result["gpu_side_successful_calls"] == 0 else 1
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.evaluate.confine import landlock_abi
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.worker import WorkerPool
@@ -172,6 +173,10 @@ def test_mutating_an_input_fails(tmp_path, service, config):
 CHEATS = sorted((REPO / "tests" / "fixtures" / "cheats").glob("[0-9][0-9]_*.py"))
 CPU_CHEATS = [p for p in CHEATS if header(p)["backend"] == "torch" and header(p).get("needs") != "cuda"
               and header(p)["caught-by"] != "none"]
+# Fixture 88 (a native write from a load_inline extension: a 25 s C++ build) goes through this same
+# pipeline in tests/test_confine.py, which also checks the package and caches are untouched, wherever
+# the kernel has Landlock; here it runs only where the kernel has none (the hash seal catches it then).
+PIPELINE_CHEATS = [p for p in CPU_CHEATS if not (p.stem == "88_native_write_load_inline" and landlock_abi() > 0)]
 
 
 def test_the_cpu_runnable_cheats_include_each_cpu_dynamic_check():
@@ -180,7 +185,7 @@ def test_the_cpu_runnable_cheats_include_each_cpu_dynamic_check():
             "global_state_changes", "new_threads", "compare_outputs"} <= named
 
 
-@pytest.mark.parametrize("path", CPU_CHEATS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", PIPELINE_CHEATS, ids=lambda p: p.stem)
 def test_cheat_is_rejected_by_its_named_check_through_the_whole_pipeline(path, service, config):
     """The acceptance criterion on CPU: evaluate_candidate rejects each torch-backend cheat with the
     check its header names, not an earlier one (each stage stops the pipeline when it fails). Two

@@ -100,3 +100,19 @@ def test_prebuild_without_an_architecture_is_a_usage_error(tmp_path, capsys, mon
     with pytest.raises(SystemExit) as usage:
         main(["prebuild", str(tmp_path)])
     assert usage.value.code == 2 and "--arch sm_90a" in capsys.readouterr().err
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_a_load_inline_candidate_is_skipped_with_the_reason_not_failed(tmp_path, capsys, monkeypatch):
+    """torch builds a load_inline extension where the candidate is imported, for that machine's torch and
+    CUDA: the prebuild says so instead of importing it (which failed without CUDA_HOME)."""
+    monkeypatch.setenv("CUTEGEN_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "candidates"
+    folder.mkdir()
+    (folder / "relu.py").write_text((REPO / "tests/fixtures/honest/cuda_relu.py").read_text())
+    found = prebuild([str(folder), "--arch", "sm_90a"], capsys)
+    assert (found["failed"], found["kernels_built"]) == (0, 0)
+    assert found["results"][0]["ok"] and "load_inline" in found["results"][0]["skipped"]
+    main(["prebuild", str(folder), "--arch", "sm_90a"])
+    assert "nothing to build relu.py: a load_inline extension" in capsys.readouterr().out

@@ -98,8 +98,10 @@ def _line(row: dict[str, Any]) -> str:
     if not row["ok"]:
         first = (row["error"] or "").strip().splitlines()[:1]
         return f"failed {name}: {first[0] if first else 'no message'}"
-    if not row["kernels"]:
-        return f"nothing to build {name}: no CuTe kernel"
+    if row.get("skipped"):
+        return f"nothing to build {name}: {row['skipped']}"
+    if not row["kernels"]:  # a kernel made later (in forward) is built by the evaluation
+        return f"nothing to build {name}: no CuTe kernel made at import"
     parts = [f"{k['name']} " + ("cached" if k["cached"] else f"built in {k['compile_s'] or 0.0:.1f} s")
              for k in row["kernels"]]
     return f"ok {name}: " + ", ".join(parts)

@@ -27,8 +27,8 @@ time for it (`counted_times`), so a batch disturbed by the machine (a CPU shared
 delays the worker between calls) only counts as slower, and a candidate that forges some batches, or
 slows some on purpose to be rid of them, gains nothing. When fewer than half the batches agree,
 `RETRY_BATCHES` more are measured; the check fails when none of them all agrees.
-The verdict reports the ratio of the parent's time (less the overhead) to the reported time over
-every batch: near 1 for honest kernels.
+The verdict reports the ratio of the parent's time to the time accounted for (the reported times plus
+the calibrated loop cost) over every batch: near 1 for honest kernels.
 
 What this cannot see: a forgery smaller than the margin (for calls of a few microseconds, the margin
 is larger than the call), and work done before the batch command arrived (which cannot depend on the
@@ -96,11 +96,16 @@ def unexplained_limit_ms(batch: BatchClock, overhead_ms: float) -> float:
 
 
 def clock_ratio(batches: Sequence[BatchClock], overhead_ms: float) -> float | None:
-    """The parent's time for the candidate's calls over the time they reported (1.0: they agree)."""
-    reported = sum(b.reported_ms for b in batches)
-    if reported <= 0:
+    """The parent's time over the time accounted for: the reported times plus the calibrated loop cost
+    of each call (1.0: they agree; 2 for a long kernel whose record was halved). Not the parent's time
+    less the loop cost over the reported time: for calls of a few microseconds that difference is
+    smaller than the loop cost's jitter, and came out negative or tenfold on the H200 for honest
+    kernels; this one stays near 1 for honest kernels of any length (and short calls are judged
+    within the margin anyway, see above)."""
+    accounted = sum(b.reported_ms + b.calls * overhead_ms for b in batches)
+    if accounted <= 0:
         return None
-    return sum(b.wall_ms - b.calls * overhead_ms for b in batches) / reported
+    return sum(b.wall_ms for b in batches) / accounted
 
 
 def agrees(batch: BatchClock, overhead_ms: float) -> bool:

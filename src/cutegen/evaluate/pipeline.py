@@ -317,6 +317,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
                 worker.settle()
                 run.timed("settle", started)
                 calibration = _calibrate(run, call, config)
+            lane.warm_spare()  # the next candidate's worker may now make its CUDA context (see Lane)
             _judge_build(run, call("build", {"source": source}))
             run.stage = "correctness"
             started = time.perf_counter()
@@ -802,14 +803,21 @@ def prebuild_candidates(paths: list[Path], config: EvalConfig, jobs: int = 4) ->
     `config.runtime.arch` must be set (a CPU worker cannot read it off a device) to the value the
     evaluations use, or their cache keys differ. A failure here is only reported: the evaluation
     builds again and judges it. One row per path: ok, wall_s, error, and each kernel's name, arch,
-    whether the cache had it and nvcc's seconds. The public entry of `cutegen prebuild`.
+    whether the cache had it and nvcc's seconds; `skipped` says why a candidate was not looked at (a
+    load_inline extension is built by torch where it is evaluated). The public entry of `cutegen prebuild`.
     """
 
     if not config.runtime.arch:
         raise ConfigError("Prebuilding needs the target architecture.", "Set RuntimeConfig.arch, e.g. sm_90a.")
 
     def build(pool: WorkerPool, path: Path) -> dict[str, Any]:
-        payload = {"source": read_candidate(path), "runtime": to_json(config.runtime), "guard": config.guard,
+        source = read_candidate(path)
+        if "load_inline" in source and "CuteKernel" not in source:
+            # torch builds such an extension when the candidate is imported, against the torch and CUDA
+            # of the machine that runs it: nothing built here would serve another machine.
+            return {"path": str(path), "ok": True, "wall_s": 0.0, "kernels": [], "error": None,
+                    "skipped": "a load_inline extension, built by torch on the machine that evaluates it"}
+        payload = {"source": source, "runtime": to_json(config.runtime), "guard": config.guard,
                    "landlock": config.confinement != "hashes"}
         started = time.perf_counter()
         try:

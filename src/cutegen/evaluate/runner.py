@@ -356,6 +356,12 @@ def import_and_build(source: str, runtime: Any, guard: bool = True, readers: lis
     runtime = scratch_runtime(runtime, Path.cwd())
     path = Path.cwd() / CANDIDATE_FILE
     path.write_text(source, encoding="utf-8")
+    if "cpp_extension" in source or "load_inline" in source:
+        # torch's extension builder imports setuptools, and setuptools finds `distutils` (gone from the
+        # standard library in Python 3.12) through a meta-path finder that swallows every error: under
+        # the guard that lookup failed on the H200 (ModuleNotFoundError for an honest load_inline
+        # candidate). Imported here, before the guard, it is the judge's import, not the candidate's.
+        importlib.import_module("torch.utils.cpp_extension")
     if guard:
         reader = guard_install(str(path), Path.cwd())  # in a build worker a refusal raises, and the build reports it
         if readers is not None:

@@ -109,7 +109,10 @@ class Lane:
         cuda = evaluator.device == "cuda"
         self.pool = WorkerPool(evaluator.device, (gpu,) if cuda else (0,), log_tail_bytes=evaluator.log_tail_bytes,
                                warm_spares=cuda, cpus=cpus, spare_cpus=spare_cpus,
-                               spares=LANE_SPARES if cuda else 1, warm_on_take=cuda, zygote=evaluator.zygote)
+                               spares=LANE_SPARES if cuda else 1, zygote=evaluator.zygote)
+        # The spares warm up (CUDA context, profiler) when the evaluation asks, right after the parent's
+        # clock is calibrated (pipeline.py), not when the worker is taken: the calibration must wait for
+        # a warm-up in progress, and waited 4.2 s an evaluation for it on the H200 (bench/results, part I).
         self.references: collections.OrderedDict[tuple, ReferenceProcess] = collections.OrderedDict()
         self.busy = False
         self.ending_at_start = 0  # workers still ending when the current candidate's worker started

@@ -14,8 +14,9 @@ The protocol (EVALUATION.md, "Isolation"):
   (`baselines.BaselineWorker`); protocol.py keeps the roles apart. Start-up is paid in advance and
   in two parts: a pool's spares import torch as soon as they are started (CPU work only; a GPU
   lane's pool keeps several, as an evaluation is shorter than a start), and create their CUDA
-  context and load the profiler (`begin_warm`) only when nothing is being measured: when a job
-  takes its worker (`warm_on_take`) and after each timing (service.py asks). The job waits for
+  context and load the profiler (`begin_warm`) only when nothing is being measured: a GPU lane's
+  evaluation asks once the parent's clock is calibrated and again after timing (pipeline.py; a pool
+  can also warm them when a job takes its worker, `warm_on_take`). The job waits for
   the spares' CUDA contexts before it churns free memory (`Worker.quiet`: a context created while
   a churn holds all free memory would fail) and for everything they do before anything is timed
   (`Worker.settle`), so start-up work never overlaps a measurement. A pool can pin its workers to
