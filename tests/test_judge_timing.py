@@ -3,13 +3,21 @@ timed calls verified on inputs of their own after each batch, and an ended worke
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cutegen.config import EvalConfig
-from cutegen.evaluate.clock import BatchClock, clock_ratio, judge_parent_clock, overhead_per_call_ms
+from cutegen.evaluate.clock import (
+    MEAN_FLOOR_SHARE,
+    BatchClock,
+    clock_ratio,
+    counted_times,
+    judge_parent_clock,
+    overhead_per_call_ms,
+)
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -50,6 +58,22 @@ def test_a_record_halved_or_worse_is_caught_and_the_true_one_passes(kernel_ms):
     # is a large part of each call; never below 1 for a record that hides time
     assert clock_ratio(halved, overhead) == pytest.approx((kernel_ms + overhead) / (kernel_ms / 2 + overhead), rel=0.02)
     assert clock_ratio(halved, overhead) > 1.0
+
+
+def test_the_batch_means_floor_undoes_a_reshaped_record_and_leaves_honest_times_alone():
+    # Five batches of ten calls of about 1 ms; one disturbed call of 30 ms in the first batch.
+    honest_times = [[1.0 + 0.01 * ((i * 7) % 5) for i in range(10)] for _ in range(5)]
+    honest_times[0][3] = 30.0
+    flat = [t for batch in honest_times for t in batch]
+    batches = [BatchClock(10, sum(b) + 10 * 0.2, sum(b)) for b in honest_times]
+    assert counted_times(batches, flat, 0.2, floor=True) == counted_times(batches, flat, 0.2)
+    assert statistics.median(counted_times(batches, flat, 0.2, floor=True)) == statistics.median(flat)
+    # The same sums, split so that 7 calls of 10 report a hundredth: the median would be 0.01 ms.
+    reshaped = [[0.0101] * 7 + [(sum(b) - 7 * 0.0101) / 3] * 3 for b in honest_times]
+    forged = [t for batch in reshaped for t in batch]
+    assert statistics.median(forged) < 0.02
+    assert MEAN_FLOOR_SHARE == 0.9  # a ninth at most to gain (EVALUATION.md says so)
+    assert statistics.median(counted_times(batches, forged, 0.2, floor=True)) >= 0.9
 
 
 def test_one_disturbed_batch_does_not_fail_an_honest_candidate():
@@ -138,6 +162,16 @@ def test_a_record_forged_through_the_heap_is_caught_by_the_clock_when_the_audit_
     off = replace(config, guard=False) if "guard" in EvalConfig.__dataclass_fields__ else config
     verdict = evaluate_candidate(CHEATS / "50_halve_timing_record.py", load_task(SWISH), off, service)
     assert not verdict.passed and verdict.failure == "parent_clock", verdict.feedback
+
+
+def test_a_record_reshaped_with_its_sum_kept_counts_no_call_below_the_batch_means_floor(service, config):
+    """Fixture 69 (hook off) rewrites two of every three calls to a hundredth and gives the third the
+    rest: the parent's clock agrees with every batch's sum, and the reported median would be 0.2 ms;
+    counted, no call is faster than 0.9 of the batches' mean call (20 ms)."""
+    off = replace(config, guard=False)
+    verdict = evaluate_candidate(CHEATS / "69_reshape_timing_record.py", load_task(SWISH), off, service)
+    assert verdict.passed, verdict.feedback
+    assert verdict.timing.median_ms >= 0.85 * 20.0 and verdict.timing.min_ms >= 0.85 * 20.0
 
 
 def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):

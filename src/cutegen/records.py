@@ -201,8 +201,8 @@ class Verdict:
     degenerate: tuple[str, ...] = ()  # trivial solutions (zeros, a constant...) that pass the task
     noise_pct: float | None = None  # spread of the eager baseline timed twice; smaller gains are noise
     needs_review: bool = False  # a speedup above the review threshold (not a failure)
-    # The parent's clock over the timed batches (less the calibrated loop cost) / the worker's reported
-    # times: near 1.0 for an honest kernel (evaluate/clock.py).
+    # The parent's clock over the timed batches / what accounts for it (the worker's reported times plus
+    # the calibrated loop cost of each call): near 1.0 for an honest kernel (evaluate/clock.py).
     parent_clock_ratio: float | None = None
     # Faster than the reference algorithm's work bound, and passed the strongest verification.
     beat_work_bound: bool = False

@@ -233,7 +233,7 @@ TIMING = (
              "a timing record halved through the heap, the timing function wrapped, or work moved out of the timed"
              " calls",
              "the parent's wall time over each batch, less the calibrated loop cost, is accounted for by the reported"
-             " times"),
+             " times; no call counts below 0.9 of the batches' mean call (a record reshaped with its sum kept)"),
     _defence("work_past_stream", WORKER,
              "kernels on another stream (driver-API streams, graphs) that outlast the caller's stream and its end"
              " event",

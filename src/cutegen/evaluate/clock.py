@@ -30,9 +30,13 @@ slows some on purpose to be rid of them, gains nothing. When fewer than half the
 The verdict reports the ratio of the parent's time to the time accounted for (the reported times plus
 the calibrated loop cost) over every batch: near 1 for honest kernels.
 
+The clock sees each batch's sum, not how the record splits it between calls: a record with the right
+sum and half its calls near zero would halve the median. No call counts as faster than a share of
+its batches' mean call (`mean_floor_ms`), so such a record gains at most 1 / MEAN_FLOOR_SHARE.
+
 What this cannot see: a forgery smaller than the margin (for calls of a few microseconds, the margin
-is larger than the call), and work done before the batch command arrived (which cannot depend on the
-inputs, drawn inside the batch).
+is larger than the call), a record reshaped within the floor's share, and work done before the batch
+command arrived (which cannot depend on the inputs, drawn inside the batch).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ SHARE_OF_REPORTED = 0.5  # unexplained time allowed as a share of the reported t
 MARGIN_PER_CALL_MS = 0.05  # and per call, for host jitter (a Python call, a wake-up)
 OVERHEAD_SHARE = 1.0  # and the calibrated overhead per call once more (the machine's load moves it)
 RETRY_BATCHES = 3  # a failing clock is measured again on this many more batches before it counts
+MEAN_FLOOR_SHARE = 0.9  # no call counts as faster than this share of the median batch's mean call
 EXPORT_SLACK_MS = 20.0  # an export may take this much longer than the calibrated one, plus...
 EXPORT_CALL_SHARE = 0.5  # ...this share of a median call per exported output
 
@@ -122,15 +127,33 @@ def export_allowed_ms(export_calibrated_ms: float, median_call_ms: float) -> flo
     return export_calibrated_ms * 3 + EXPORT_SLACK_MS + EXPORT_CALL_SHARE * median_call_ms
 
 
+def mean_floor_ms(batches: Sequence[BatchClock], times_ms: Sequence[float]) -> float:
+    """The fastest a call may count: MEAN_FLOOR_SHARE of the median over batches of each batch's mean
+    call. The parent's clock verifies each batch's sum, never how the worker split it between calls,
+    so a forged record with the right sum can make half the calls near zero and the median with them;
+    each batch's mean is what the clock vouches for. The median over batches keeps one disturbed
+    batch from raising the floor; an honest batch's calls spread little about its mean (a few slow
+    ones raise the mean by percents), so the floor stays under their median. What remains: a record
+    reshaped within the share gains at most 1 / MEAN_FLOOR_SHARE."""
+    means, start = [], 0
+    for batch in batches:
+        part = times_ms[start:start + batch.calls]
+        if part:
+            means.append(sum(part) / len(part))
+        start += batch.calls
+    return MEAN_FLOOR_SHARE * statistics.median(means) if means else 0.0
+
+
 def counted_times(batches: Sequence[BatchClock], times_ms: Sequence[float], overhead_ms: float,
-                  late_exports_ms: Sequence[float] = ()) -> list[float]:
+                  late_exports_ms: Sequence[float] = (), floor: bool = False) -> list[float]:
     """The per-call times the verdict counts (`times_ms` holds every batch's calls, in order): an
     agreeing batch's as reported; a disagreeing batch's scaled up to the parent's time for it
     (`wall - calls * overhead` over the reported sum), so that a batch made to disagree, by forging
     its record or by slowing it on purpose, can only count as slower, never be left out. A batch
     whose export came late (`late_exports_ms`: per batch, the time its export took beyond the
     calibrated one, 0 when on time) counts each call at least at that time: outputs computed only
-    when asked for cost at least that much each."""
+    when asked for cost at least that much each. With `floor`, no call counts as faster than
+    `mean_floor_ms` of the times so counted (a record reshaped within its batches gains nothing)."""
     counted, start = [], 0
     for index, batch in enumerate(batches):
         part = list(times_ms[start:start + batch.calls])
@@ -142,6 +165,9 @@ def counted_times(batches: Sequence[BatchClock], times_ms: Sequence[float], over
             part = [max(t, late) for t in part]
         counted += part
         start += batch.calls
+    if floor:
+        lowest = mean_floor_ms(batches, counted)
+        counted = [max(t, lowest) for t in counted]
     return counted
 
 

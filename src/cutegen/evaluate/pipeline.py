@@ -648,14 +648,15 @@ def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what:
 def _counted(data: dict[str, Any], calibration: dict[str, Any]) -> dict[str, Any]:
     """The per-call times the verdict counts (clock.counted_times): a batch the parent's clock
     disagrees with at the parent's time, a batch whose export came late at the time the export
-    took; and the median call on the clock alone, which sets the exports' allowance."""
+    took, no call faster than the floor its batch means set; and the median call on the clock
+    alone, which sets the exports' allowance."""
     overhead = calibration["overhead_ms"]
     clocked = counted_times(data["clocks"], data["times_ms"], overhead)
     median = statistics.median(clocked) if clocked else 0.0
     late = late_exports_ms(data["export_ms"], calibration["export_ms"], median)
     counted: dict[str, Any] = {key: counted_times(data["clocks"], data[key], overhead)
                                for key in ("stream_ms", "idle_ms") if data.get(key)}
-    counted["times_ms"] = counted_times(data["clocks"], data["times_ms"], overhead, late)
+    counted["times_ms"] = counted_times(data["clocks"], data["times_ms"], overhead, late, floor=True)
     counted["clocked_times_ms"], counted["median_call_ms"] = clocked, median
     return counted
 
