@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.evaluate.clock import RETRY_BATCHES
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -39,7 +40,9 @@ def config(tmp_path_factory, shared_build_cache):
 def test_honest_cute_candidate_passes_with_timing_and_speed_of_light(service, config):
     verdict = evaluate_candidate(SWISH_CUTE, load_task(SWISH_TASK), config, service)
     assert verdict.passed, verdict.feedback
-    assert verdict.stage == "timing" and verdict.timing.trials == 30
+    # 30 timed calls, and RETRY_BATCHES more batches where a shared GPU disturbed the parent's clock
+    assert verdict.stage == "timing"
+    assert verdict.timing.trials in (30, 30 + RETRY_BATCHES * min(30, config.timed_batch_calls))
     assert verdict.errors.max_abs_error <= 1e-4
     names = {c.name: c for c in verdict.checks}
     assert names["disallowed_ops"].passed and names["audit_kernels"].passed

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import EvalConfig, RuntimeConfig
+from cutegen.evaluate.clock import RETRY_BATCHES
 from cutegen.evaluate.confine import landlock_abi
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
@@ -288,7 +289,9 @@ def test_timing_and_baselines_on_cpu_with_cache_hit(tmp_path, pool, service, con
     timed = replace(config, do_timing=True, timing_trials=5, warmup_trials=1, compile_baseline=False)
     verdict = evaluate_candidate(HONEST / "swish_scale.py", task("swish_scale"), timed, service)
     assert verdict.passed and verdict.stage == "timing", verdict.feedback
-    assert verdict.timing.trials == 5 and 0 < verdict.timing.min_ms <= verdict.timing.median_ms
+    # one batch of 5, and 3 more of 5 when the loaded machine disturbed the first (clock.RETRY_BATCHES)
+    assert verdict.timing.trials in (5, 5 + RETRY_BATCHES * 5)
+    assert 0 < verdict.timing.min_ms <= verdict.timing.median_ms
     assert verdict.eager.trials == 5 and verdict.compiled is None and verdict.noise_pct is not None
     assert verdict.speedup_vs_eager == pytest.approx(verdict.eager.median_ms / verdict.timing.median_ms)
     assert verdict.sol_fraction is None  # no speed-of-light bound on a CPU

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray")
 from cutegen import bench  # noqa: E402
 from cutegen.agent import EXIT_DONE, Agent  # noqa: E402
 from cutegen.config import AgentConfig, EvalConfig, ExecutorConfig, ProviderSettings  # noqa: E402
+from cutegen.evaluate.clock import RETRY_BATCHES  # noqa: E402
 from cutegen.evaluate.ray_executor import RayExecutor  # noqa: E402
 from cutegen.journal import Journal, load_run, start_run  # noqa: E402
 from cutegen.llm import provider_from_spec  # noqa: E402
@@ -120,7 +121,10 @@ def test_the_timing_protocol_runs_unchanged_on_a_ray_actor(suites):
     command (timing.time_forward) gives the same record, with the configured number of timed calls."""
     config = eval_config(Path("unused"))
     local, remote = verdicts(suites["local"])[0], verdicts(suites["ray"])[0]
-    assert remote.timing.trials == local.timing.trials == config.timing_trials
+    # the configured calls, and RETRY_BATCHES more batches where a loaded machine disturbed the clock
+    batch = min(config.timed_batch_calls, config.timing_trials)
+    assert {remote.timing.trials, local.timing.trials} <= {config.timing_trials,
+                                                           config.timing_trials + RETRY_BATCHES * batch}
     assert remote.eager.trials == local.eager.trials == config.timing_trials
     measured = [f.name for f in fields(TimingStats) if getattr(remote.timing, f.name) is not None]
     assert measured == [f.name for f in fields(TimingStats) if getattr(local.timing, f.name) is not None]
