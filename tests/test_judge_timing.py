@@ -3,6 +3,7 @@ timed calls verified on inputs of their own after each batch, and an ended worke
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from cutegen.evaluate.clock import (
     judge_parent_clock,
     overhead_per_call_ms,
 )
+from cutegen.evaluate.messages import ReplyMalformed, TimedBatchReply
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -172,6 +174,37 @@ def test_a_record_reshaped_with_its_sum_kept_counts_no_call_below_the_batch_mean
     verdict = evaluate_candidate(CHEATS / "69_reshape_timing_record.py", load_task(SWISH), off, service)
     assert verdict.passed, verdict.feedback
     assert verdict.timing.median_ms >= 0.85 * 20.0 and verdict.timing.min_ms >= 0.85 * 20.0
+
+
+def test_a_record_with_nan_times_ends_the_job_as_the_protocol_broken(service, config):
+    """Fixture 79 (hook off) writes NaN over its first batch's times: the parent reads every batch
+    reply into a typed record, and a time that is not a finite number of ms is `worker_protocol`."""
+    off = replace(config, guard=False)
+    verdict = evaluate_candidate(CHEATS / "79_nan_in_timing_record.py", load_task(SWISH), off, service)
+    assert not verdict.passed and verdict.failure == "worker_protocol", verdict.feedback
+    assert "finite number of ms" in verdict.feedback
+
+
+@pytest.mark.parametrize("reply, problem", [
+    ({"times_ms": [1.0, 2.0]}, "2 entries for a batch of 3"),
+    ({"times_ms": [1.0, float("nan"), 2.0]}, "nan"),
+    ({"times_ms": [1.0, -0.5, 2.0]}, "-0.5"),
+    ({"times_ms": [1.0, float("inf"), 2.0]}, "inf"),
+    ({"times_ms": [1.0, True, 2.0]}, "True"),
+    ({"times_ms": [1.0, "2", 2.0]}, "'2'"),
+    ({"times_ms": [1.0, 2.0, 3.0], "stream_ms": [1.0]}, "stream_ms holds 1 entries"),
+    ({"times_ms": [1.0, 2.0, 3.0], "new_threads": "t"}, "new_threads must be a list"),
+    ([1.0, 2.0, 3.0], "must be an object"),
+])
+def test_a_batch_reply_that_is_not_the_protocols_is_refused_by_name(reply, problem):
+    with pytest.raises(ReplyMalformed, match=re.escape(problem)):
+        TimedBatchReply.parse(reply, 3)
+
+
+def test_a_well_formed_batch_reply_reads_into_its_record():
+    parsed = TimedBatchReply.parse({"times_ms": [1, 2.5, 0.0], "stream_ms": [], "guard_refusals": ["x"]}, 3)
+    assert parsed.times_ms == (1.0, 2.5, 0.0) and parsed.reported_ms == 3.5
+    assert parsed.stream_ms == () and parsed.guard_refusals == ("x",)
 
 
 def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):

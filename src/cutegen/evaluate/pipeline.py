@@ -36,6 +36,7 @@ from cutegen.evaluate.correctness import (
     unpredictable_seed,
 )
 from cutegen.evaluate.jobs import candidate_job
+from cutegen.evaluate.messages import ReplyMalformed, TimedBatchReply
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
 from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize
@@ -529,13 +530,23 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
             began = time.perf_counter()
             data = call("calibration_batch", {"seeds": _seeds(calls)}, step="calibrate")
             wall_ms = (time.perf_counter() - began) * 1e3
-        batches.append(BatchClock(calls, wall_ms, sum(data["times_ms"])))
+        batches.append(BatchClock(calls, wall_ms, _batch(call, data, calls).reported_ms))
     began = time.perf_counter()
     call("export_timed", {"calls": [0]}, step="calibrate")
     export_ms = (time.perf_counter() - began) * 1e3
     call("release", step="calibrate")
     return {"calls": calls, "overhead_ms": overhead_per_call_ms(batches), "export_ms": export_ms,
             "batches": batches}
+
+
+def _batch(call: Any, data: Any, calls: int) -> TimedBatchReply:
+    """A batch reply as a typed record (messages.py); one that does not fit fails `worker_protocol`."""
+    try:
+        return TimedBatchReply.parse(data, calls)
+    except ReplyMalformed as err:
+        call.run.fail("worker_protocol", f"A timed batch's reply was not the protocol's: {err}. The timing"
+                      " records are the judge's own; a candidate must not write them.", detail=str(err))
+        raise  # fail() stops the evaluation; this line is never reached
 
 
 def _batch_sizes(trials: int, calls: int) -> list[int]:
@@ -555,13 +566,14 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
         seeds = _seeds(calls)
         with prompt_wakeups():
             began = time.perf_counter()
-            reply = call("timed_batch", {"seeds": seeds}, step="timing")
+            raw = call("timed_batch", {"seeds": seeds}, step="timing")
             wall_ms = (time.perf_counter() - began) * 1e3
-        data["clocks"].append(BatchClock(calls, wall_ms, sum(reply["times_ms"])))
+        reply = _batch(call, raw, calls)
+        data["clocks"].append(BatchClock(calls, wall_ms, reply.reported_ms))
         for key in ("times_ms", "stream_ms", "idle_ms"):
-            data[key] += reply[key]
+            data[key] += list(getattr(reply, key))
         for key in ("state_changes", "new_threads", "guard_refusals"):
-            data[key] = reply.get(key) or data.get(key)
+            data[key] = list(getattr(reply, key)) or data.get(key)
         chosen = list(random_trials(calls, checks))  # drawn now, after the calls ran
         began = time.perf_counter()
         exported = call("export_timed", {"calls": chosen}, step="timed_outputs")["outputs"]
