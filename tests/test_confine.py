@@ -181,6 +181,38 @@ def test_landlock_refuses_every_kind_of_write_outside_and_allows_the_scratch_dir
     assert _tree(outside) == {"module.py": hashlib.sha256(b"VALUE = 1\n").hexdigest()}
 
 
+SIGNAL_PROBE = r"""
+import json, os, signal, subprocess, sys
+from cutegen.evaluate.confine import confine
+done = {"scoped": confine(sys.argv[1]).signals_scoped}
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+for name, pid in (("parent", os.getppid()), ("other", int(sys.argv[2])), ("child", child.pid)):
+    try:
+        os.kill(pid, signal.SIGCONT)  # harmless to a running process, and a signal all the same
+        done[name] = "allowed"
+    except PermissionError:
+        done[name] = "refused"
+child.kill()
+print(json.dumps(done))
+"""
+
+
+@pytest.mark.skipif(confine.landlock_abi() < confine.SCOPE_ABI, reason="signal scoping needs Landlock ABI 6")
+def test_a_confined_worker_cannot_signal_the_evaluator_or_another_process_only_its_children(tmp_path):
+    """A candidate's native code could stop the fork server (stalling every build worker it would
+    start), the evaluator or another candidate's worker; from Landlock ABI 6 the confinement scopes
+    signals to the worker's own tree."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # another worker, say
+    try:
+        probe = subprocess.run([sys.executable, "-c", SIGNAL_PROBE, str(tmp_path), str(other.pid)],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    finally:
+        other.kill()
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout) == {"scoped": True, "parent": "refused", "other": "refused", "child": "allowed"}
+
+
 def test_a_refused_write_is_named_from_the_error_the_candidate_raised(tmp_path):
     """The worker's classification: a PermissionError naming a path outside the scratch directory (also
     as the target of a rename, or chained under the candidate's own error), or a child process's

@@ -39,8 +39,9 @@ Not defended: reads (a candidate may read any file its user can; the judge's sec
 the parent draws for each call, in no file); writes inside the allowed places (its scratch, /dev/shm,
 its own build folder; nothing trusted runs from them); metadata (chmod, utime and ownership are not
 Landlock rights: a candidate can make its user's files unreadable, which breaks later runs loudly but
-runs nothing); signals to the user's other processes, and the /proc files of theirs that need no
-ptrace access; what the compilers of a candidate's kernels read (they run unconfined in the
+runs nothing); signals to the user's other processes where the kernel's Landlock is older than ABI 6
+(from ABI 6 on, a confined worker cannot signal any process outside its own tree: not the evaluator,
+its fork server or another candidate's worker), and the /proc files of theirs that need no ptrace access; what the compilers of a candidate's kernels read (they run unconfined in the
 evaluator, and read any file the source `#include`s, as the candidate could). Where only the seal
 stands (no Landlock): writes to the build cache, the run directory and the evaluator's caches (the
 seal covers what the judge imports, not those), a .pyc created where none was (pip compiles them at
@@ -89,6 +90,10 @@ _RIGHTS_BY_ABI = {
     2: REFER,  # renaming and linking across folders
     3: TRUNCATE,  # truncate(2) and open(O_TRUNC): before ABI 3 a path could be truncated anywhere
 }
+# LANDLOCK_SCOPE_SIGNAL (ABI 6, Linux 6.12): no signal to a process outside the worker's own domain,
+# that is, not to the evaluator, its fork server or another candidate's worker (a stopped fork server
+# stalls every build worker it would start); its own children stay reachable.
+SCOPE_SIGNAL, SCOPE_ABI = 1 << 1, 6
 ALWAYS_WRITABLE = ("/dev", "/proc")
 CANDIDATES_FOLDER = "candidates"  # beside the build cache: <cache root>/candidates/<sha256 of the source>/
 POISON_MARK = "environment-poisoned.json"  # in EvalConfig.cache_dir
@@ -130,7 +135,9 @@ def write_rights(abi: int) -> int:
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    # handled_access_net (ABI 4) is left 0: the network is not restricted; scoped came with ABI 6.
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -146,6 +153,7 @@ class Confinement:
     landlock_abi: int
     enforced: bool
     writable: tuple[str, ...]
+    signals_scoped: bool = False  # no signal to a process outside its own tree (Landlock ABI 6 and later)
 
 
 def confine(scratch: str | Path, writable: Iterable[str | Path] = (), *, enforce: bool = True) -> Confinement:
@@ -160,8 +168,11 @@ def confine(scratch: str | Path, writable: Iterable[str | Path] = (), *, enforce
         return Confinement(abi, False, roots)
     libc = ctypes.CDLL(None, use_errno=True)
     rights = write_rights(abi)
-    attr = _RulesetAttr(rights)
-    ruleset = libc.syscall(_CREATE, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    scoped = abi >= SCOPE_ABI
+    attr = _RulesetAttr(rights, 0, SCOPE_SIGNAL if scoped else 0)
+    # An older kernel knows a shorter structure, and refuses a longer one: pass what its ABI reads.
+    size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
+    ruleset = libc.syscall(_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise _refused("landlock_create_ruleset", abi)
     try:
@@ -180,7 +191,7 @@ def confine(scratch: str | Path, writable: Iterable[str | Path] = (), *, enforce
             raise _refused("landlock_restrict_self", abi)
     finally:
         os.close(ruleset)
-    return Confinement(abi, True, roots)
+    return Confinement(abi, True, roots, scoped)
 
 
 def _refused(call: str, abi: int) -> ConfinementError:
