@@ -221,14 +221,19 @@ def scratch_runtime(runtime: RuntimeConfig, scratch: Path) -> RuntimeConfig:
     return replace(runtime, cache_dir=Path(scratch) / "build", shared_cache_dir=Path(runtime.cache_dir).expanduser())
 
 
+def builds_torch_extension(source: str) -> bool:
+    """Whether a candidate names torch's extension builder (load_inline, cpp_extension), which builds
+    when the candidate is imported."""
+    return "load_inline" in source or "cpp_extension" in source
+
+
 def confine_candidate(source: str, runtime: RuntimeConfig, scratch: Path, enforce: bool = True) -> Confinement:
     """Right before the candidate's import: point the JIT caches a candidate may use at folders it
     may write (torch's extensions at its own build folder when it names load_inline; Triton's,
     inductor's and torch's kernel cache in its scratch directory), make them, then `confine`."""
     scratch = Path(scratch)
     own = candidate_folder(runtime, source)
-    extensions = own / "torch_extensions" if "load_inline" in source or "cpp_extension" in source else \
-        scratch / "torch_extensions"
+    extensions = own / "torch_extensions" if builds_torch_extension(source) else scratch / "torch_extensions"
     folders = {"TORCH_EXTENSIONS_DIR": extensions, "TRITON_CACHE_DIR": scratch / "triton",
                "TORCHINDUCTOR_CACHE_DIR": scratch / "inductor", "PYTORCH_KERNEL_CACHE_PATH": scratch / "kernels"}
     for name, folder in folders.items():

@@ -22,7 +22,7 @@ from typing import Any
 
 from cutegen.evaluate.anticheat import applies
 from cutegen.evaluate.compare import compare_outputs, fingerprint, flatten_outputs
-from cutegen.evaluate.confine import confine_candidate, scratch_runtime
+from cutegen.evaluate.confine import builds_torch_extension, confine_candidate, scratch_runtime
 from cutegen.evaluate.context import CANDIDATE_FILE, Hooks, apply_track, runtime_from_json, task_from_json
 from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, build_model, make_inputs, to_device
 from cutegen.evaluate.guard import install as guard_install
@@ -356,7 +356,7 @@ def import_and_build(source: str, runtime: Any, guard: bool = True, readers: lis
     runtime = scratch_runtime(runtime, Path.cwd())
     path = Path.cwd() / CANDIDATE_FILE
     path.write_text(source, encoding="utf-8")
-    if "cpp_extension" in source or "load_inline" in source:
+    if builds_torch_extension(source):
         # torch's extension builder imports setuptools, and setuptools finds `distutils` (gone from the
         # standard library in Python 3.12) through a meta-path finder that swallows every error: under
         # the guard that lookup failed on the H200 (ModuleNotFoundError for an honest load_inline
