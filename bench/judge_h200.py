@@ -9,6 +9,7 @@ the check that fired, its median against its honest twin's, and the parent-clock
 - honest: tests/fixtures/honest/*.py and examples/candidates/*.py must pass.
 - cuda: bench/candidates/cuda/*.py (plain CUDA for KernelBench tasks) must pass (needs --kernelbench).
 - structure: bench/candidates/structure/*.py (honest kernels under the reference's work bound).
+  bench/judge_from_bench.py can take these rows from a throughput part over that folder instead.
 Appends each result to DIR/judge-h200.jsonl as it ends (a run cut short keeps them) and writes
 DIR/judge-h200.md with the machine manifest. Only public functions of cutegen are called.
 """
@@ -37,26 +38,32 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 def plan(sections: list[str], kernelbench: Path | None) -> list[dict]:
-    """(file, task, backend, expected, layer, twin) for each evaluation, in order."""
+    """(file, task, backend, expected, layer, twin) for each evaluation, section by section in the
+    order given."""
     rows = []
-    if "cheats" in sections:
-        for path in sorted((FIXTURES / "cheats").glob("[0-9][0-9]_*.py")):
-            fields = header(path)
-            rows.append({"file": path, "task": task_path(path, REPO), "backend": backends(path)[0],
-                         "expected": fields["caught-by"], "layer": fields.get("layer", ""),
-                         "twin": fields.get("twin")})
-    if "honest" in sections:
-        for path in sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py")):
-            rows.append({"file": path, "task": task_path(path, REPO), "backend": backends(path)[0],
-                         "expected": "pass", "layer": "", "twin": None})
-    for section, backend in (("cuda", "cuda"), ("structure", "torch")):
-        if section in sections and kernelbench is not None:
+    for section in sections:
+        if section == "cheats":
+            for path in sorted((FIXTURES / "cheats").glob("[0-9][0-9]_*.py")):
+                fields = header(path)
+                rows.append({"file": path, "task": task_path(path, REPO), "backend": backends(path)[0],
+                             "expected": fields["caught-by"], "layer": fields.get("layer", ""),
+                             "twin": fields.get("twin")})
+        elif section == "honest":
+            for path in sorted((FIXTURES / "honest").glob("*.py")) + sorted((REPO / "examples" / "candidates").glob("*.py")):
+                rows.append({"file": path, "task": task_path(path, REPO), "backend": backends(path)[0],
+                             "expected": "pass", "layer": "", "twin": None})
+        elif section in ("cuda", "structure") and kernelbench is not None:
             for path in sorted((REPO / "bench" / "candidates" / section).glob("level_*.py")):
-                level, problem = re.match(r"level_(\d+)_problem_(\d+)_", path.name).groups()
-                task = next((kernelbench / f"level{level}").glob(f"{problem}_*.py"))
-                rows.append({"file": path, "task": task, "backend": backend, "expected": "pass", "layer": "",
-                             "twin": None})
+                rows.append({"file": path, "task": kernelbench_task(path, kernelbench),
+                             "backend": header(path).get("backend", "cuda" if section == "cuda" else "torch"),
+                             "expected": "pass", "layer": "", "twin": None})
     return rows
+
+
+def kernelbench_task(path: Path, kernelbench: Path) -> Path:
+    """The KernelBench task file of a candidate named level_L_problem_P_..."""
+    level, problem = re.match(r"level_(\d+)_problem_(\d+)_", path.name).groups()
+    return next((kernelbench / f"level{level}").glob(f"{problem}_*.py"))
 
 
 def judge(row: dict, base: EvalConfig, service: Evaluator) -> dict:
@@ -113,11 +120,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="a regular expression on file names")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "judge-h200.jsonl"
     base = EvalConfig(device="cuda", compile_baseline=False, run_timeout_s=180.0, build_timeout_s=240.0,
                       **({"cache_dir": args.cache / "eval"} if args.cache else {}))
     if args.cache:
         base = replace(base, runtime=replace(base.runtime, cache_dir=args.cache / "build"))
-    log = args.out / "judge-h200.jsonl"
     done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     seen = {(r["file"], r["backend"]) for r in done}
     with Evaluator("cuda") as service:

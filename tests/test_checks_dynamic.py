@@ -290,6 +290,34 @@ def test_ghost_probe_catches_an_ignored_second_input():
     assert "input 1" in ghost_probe(half_ghost, reference, inputs)
 
 
+def test_ghost_probe_moves_only_non_zero_elements_so_skipping_a_stated_structure_passes():
+    """KernelBench level1/14's shape of task: upper-triangular inputs. A kernel that never reads the
+    lower halves (zero in every draw of the task) is honest; moving a zero there would give an input
+    the task never draws. A kernel that ignores inputs the task does draw is still caught."""
+    reference = lambda a, b: torch.triu(a @ b)  # noqa: E731
+    skips_zeros = lambda a, b: torch.triu(torch.triu(a) @ torch.triu(b))  # noqa: E731 - reads the upper halves only
+    inputs = [torch.triu(torch.rand(24, 24)), torch.triu(torch.rand(24, 24))]
+    precomputed = reference(*inputs)
+    ghost = lambda a, b: precomputed.clone()  # noqa: E731
+    for _ in range(40):  # random positions: with zeros moved, about 3 in 4 of these probes would fail
+        assert ghost_probe(skips_zeros, reference, inputs) is None
+        assert "does not depend on its inputs" in ghost_probe(ghost, reference, inputs)
+
+
+def test_a_non_zero_position_is_found_in_a_mostly_zero_input_and_none_in_an_all_zero_one(monkeypatch):
+    from cutegen.evaluate import checks_dynamic
+
+    monkeypatch.setattr(checks_dynamic, "CHUNK_ELEMENTS", 1000)  # several chunks, searched from a random one
+    flat = torch.zeros(10_000)
+    flat[7321] = 0.5
+    assert {checks_dynamic.nonzero_position(flat) for _ in range(20)} == {7321}
+    flat[7321] = float("nan")  # NaN is not zero
+    assert checks_dynamic.nonzero_position(flat) == 7321
+    assert checks_dynamic.nonzero_position(torch.zeros(5000)) is None
+    plan = checks_dynamic.ghost_perturbations([torch.zeros(3, 3), torch.ones(2, 2)])
+    assert [index for index, _, _ in plan] == [1]  # nothing to move in an all-zero input
+
+
 def test_ghost_probe_is_silent_when_the_reference_ignores_its_input():
     constant = lambda x: torch.zeros(3)  # noqa: E731
     assert ghost_probe(constant, constant, [torch.randn(3)]) is None

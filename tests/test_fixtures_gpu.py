@@ -74,7 +74,7 @@ def _kernelbench_cases() -> list[Case]:
     for folder, backend in (("cuda", "cuda"), ("structure", "torch")):
         for path in sorted((REPO / "bench" / "candidates" / folder).glob("level_*.py")):
             level, problem = re.match(r"level_(\d+)_problem_(\d+)_", path.name).groups()
-            cases.append(Case(path, backend, "pass", kernelbench=f"level{level}/{problem}"))
+            cases.append(Case(path, header(path).get("backend", backend), "pass", kernelbench=f"level{level}/{problem}"))
     return cases
 
 
@@ -226,7 +226,7 @@ def test_every_fixture_names_a_task_and_a_twin_that_exist():
             assert (REPO / case.twin).is_file() and any(c.file == REPO / case.twin for c in LOCAL), case.id
         if case.expected == "none":
             assert case.twin, f"{case.id}: a cheat that may pass needs a twin to be compared with"
-    assert {c.backend for c in KERNELBENCH} == {"cuda", "torch"} and all(c.kernelbench for c in KERNELBENCH)
+    assert {c.backend for c in KERNELBENCH} == {"cuda", "cute", "torch"} and all(c.kernelbench for c in KERNELBENCH)
     # An example names its task in its docstring (the file name alone would miss these three).
     examples = {p.name: task_path(p, REPO).stem for p in (REPO / "examples" / "candidates").glob("*.py")}
     assert examples["gemm_bf16_wgmma.py"] == "matmul_bf16" and examples["matmul_3xtf32_cute.py"] == "matmul"

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHEATS = REPO / "tests" / "fixtures" / "cheats"
 HONEST = REPO / "tests" / "fixtures" / "honest"
 SWISH = REPO / "examples" / "tasks" / "swish_scale.py"
-TRIANGULAR = REPO / "bench" / "candidates" / "structure" / "level_1_problem_14_triangular_tiles.py"
+STRUCTURE = REPO / "bench" / "candidates" / "structure"
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -70,12 +70,16 @@ def test_a_persisting_l2_window_buys_nothing_across_the_flush(service, config):
 
 
 @pytest.mark.kernelbench
+@pytest.mark.parametrize("name, backend", [("level_1_problem_14_triangular_tiles.py", "torch"),
+                                           ("level_1_problem_14_triangular_3xtf32_cute.py", "cute")])
 def test_a_kernel_under_the_reference_work_bound_is_verified_and_accepted_with_the_note(service, config,
-                                                                                      kernelbench_root):
+                                                                                      kernelbench_root, name,
+                                                                                      backend):
     """KernelBench level1/14 (products of upper-triangular matrices): skipping the zero blocks needs
-    about a quarter of the dense product's work, so an honest kernel can beat the dense bound."""
+    about a fifth of the dense product's work, so an honest kernel can beat the dense bound. Whether
+    it does is measured by bench/judge_h200.py; here, that it passes, and carries the note if it did."""
     task = load_task(next((kernelbench_root / "level1").glob("14_*.py")))
-    verdict = evaluate_candidate(TRIANGULAR, task, replace(config, backend="torch"), service)
+    verdict = evaluate_candidate(STRUCTURE / name, task, replace(config, backend=backend), service)
     assert verdict.passed, verdict.feedback
     if verdict.beat_work_bound:
         names = {c.name: c for c in verdict.checks}

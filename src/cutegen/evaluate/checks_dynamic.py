@@ -453,15 +453,45 @@ GHOST_REFERENCE_FACTOR = 10.0  # how far (in tolerances) a reference element mus
 GHOST_CANDIDATE_FACTOR = 1.0  # how far the candidate's element must then move too
 
 
+GHOST_DRAWS = 64  # positions drawn at random before a non-zero one is searched for
+
+
 def ghost_perturbations(inputs: Sequence[Any]) -> list[tuple[int, int, float]]:
-    """(input index, flat position, amount) for each float input: one element at a position the
-    candidate cannot predict (drawn with `secrets`), moved by 8 x (max |x| + 1)."""
+    """(input index, flat position, amount) for each float input that has a non-zero element: one
+    non-zero element at a position the candidate cannot predict (`nonzero_position`), moved by
+    8 x (max |x| + 1).
+
+    Only non-zero elements are moved: a zero may be zero by the task's stated structure (the lower
+    half of an upper-triangular matrix, KernelBench level1/14), and a kernel that skips it computes
+    what the task asks. Moving it would give inputs the task never draws, and reject that honest
+    kernel. A kernel that ignores input the task does draw (precomputed outputs, a skipped part of a
+    dense input) is still seen: its non-zero elements are the ones moved."""
     plan = []
     for index, value in enumerate(inputs):
         if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0:
-            delta = 8.0 * (float(value.detach().abs().max()) + 1.0)
-            plan.append((index, secrets.randbelow(value.numel()), delta))
+            position = nonzero_position(value.detach().reshape(-1))
+            if position is not None:
+                plan.append((index, position, 8.0 * (float(value.detach().abs().max()) + 1.0)))
     return plan
+
+
+def nonzero_position(flat: torch.Tensor) -> int | None:
+    """A flat position of a non-zero element (NaN counts), drawn with `secrets`: up to GHOST_DRAWS
+    uniform draws (an input that is not mostly zero needs one or two), then the non-zero elements of
+    a chunk from a random start on, wrapping around; None when every element is zero. Chunked, so a
+    gigabyte input needs no index tensor of its own size."""
+    for _ in range(GHOST_DRAWS):
+        position = secrets.randbelow(flat.numel())
+        if bool(flat[position] != 0):
+            return position
+    chunks = -(-flat.numel() // CHUNK_ELEMENTS)
+    first = secrets.randbelow(chunks)
+    for k in range(chunks):
+        start = (first + k) % chunks * CHUNK_ELEMENTS
+        found = torch.nonzero(flat[start:start + CHUNK_ELEMENTS]).reshape(-1)
+        if found.numel():
+            return start + int(found[secrets.randbelow(found.numel())])
+    return None
 
 
 def perturbed(inputs: Sequence[Any], index: int, position: int, delta: float) -> list[Any]:
@@ -523,8 +553,9 @@ def ghost_probe(
     float input moves the reference's output, so nothing can be judged).
 
     Defeats ghost kernels: outputs computed ahead of time (in __init__ from a guessed seed, or read
-    from a file), and kernels that ignore part of their input. For each float input, one element at
-    an unpredictable position is moved by a large amount (`ghost_perturbations`); wherever the
+    from a file), and kernels that ignore part of their input. For each float input, one non-zero
+    element at an unpredictable position is moved by a large amount (`ghost_perturbations`: zeros
+    may be the task's structure, which a kernel may skip); wherever the
     reference's output moves by more than 10 x (tol + tol * |ref|), the candidate's must move by
     more than (tol + tol * |out|) too (`ghost_finding`), which any candidate within tolerance of the
     reference on both calls does. Pass the track's tolerance as `tol` (the larger of atol and rtol).
