@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 import threading
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -269,6 +270,91 @@ def test_exported_outputs_open_in_another_process_only_as_described(tmp_path):
             pass
 
 
+def test_a_full_disk_is_a_transfer_space_error_and_an_infrastructure_verdict(tmp_path, monkeypatch):
+    """An output file's room is reserved before it is mapped: where the disk is full, the export
+    raises TransferSpaceError (a bus error when a mapped page of a sparse file is written would end
+    the worker and blame the candidate), which the parent reports as not the candidate's fault."""
+    import errno
+    import os
+
+    import torch
+
+    from cutegen.evaluate import transfer
+    from cutegen.evaluate.failure import classify_error
+    from cutegen.evaluate.pipeline import _Calls
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder, error_failure
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(transfer.os, "posix_fallocate", full)
+    with pytest.raises(transfer.TransferSpaceError, match="no room for a") as raised:
+        transfer.export_outputs([torch.ones(4)], tmp_path, via="file")
+    assert list(tmp_path.iterdir()) == []  # the reserved-for file is gone
+    assert classify_error(raised.value, str(raised.value)) == "transfer_space"
+    name, feedback = error_failure({"kind": "transfer_space", "type": "TransferSpaceError",
+                                    "message": str(raised.value)}, "ghost")
+    assert name == "transfer_space" and feedback.startswith("Not a verdict on the candidate")
+
+    worker = SimpleNamespace(call=lambda *a, **k: {"ok": False, "error": {"kind": "transfer_space",
+                                                                           "type": "TransferSpaceError",
+                                                                           "message": str(raised.value)}})
+    run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
+    with pytest.raises(Stop):
+        _Calls(run, worker, EvalConfig(device="cpu", backend="torch"))("ghost_run", {})
+    assert run.failure == "transfer_space" and run.fields.get("infrastructure") is True
+
+
+def test_only_a_cuda_ipc_failure_sends_the_outputs_again_as_files(monkeypatch):
+    """The reference's `IpcOpenError` makes the candidate's worker export the same outputs as files;
+    the evaluator's later candidates export files from the start only where IPC never worked here.
+    Any other failure of the reference (out of memory, say) is not a reason to switch: it stays a
+    failure of that comparison."""
+    from cutegen.evaluate.pipeline import _ReferenceCalls
+
+    service = Evaluator("cpu")
+    lane = service.lanes[0]
+    dropped: list[bool] = []
+    monkeypatch.setattr(lane, "drop", lambda ref: dropped.append(True))
+    ipc = {"outputs": {"leaves": [{"kind": "cuda_ipc"}], "group": 0}}
+    reexported: list[dict] = []
+
+    def candidate_call(command, payload, step=None):
+        reexported.append(payload)
+        return {"leaves": [{"kind": "file"}], "group": payload["group"]}
+
+    def calls(first_error: str | None):
+        replies = ([{"ok": False, "error": {"type": first_error, "message": "it failed"}}] if first_error else []) \
+            + [{"ok": True, "data": {"errors": []}}]
+        sent: list[dict] = []
+
+        def send(self, command, payload, step):
+            sent.append(payload)
+            return replies[len(sent) - 1]
+
+        monkeypatch.setattr(_ReferenceCalls, "_send", send)
+        ref = SimpleNamespace(memory_bytes=0)
+        return _ReferenceCalls(None, lane, ref, None, candidate_call), sent
+
+    call, sent = calls("OutOfMemoryError")
+    with pytest.raises(RuntimeError, match="OutOfMemoryError"):
+        call("compare", ipc)
+    assert not reexported and service.transfer == "auto" and dropped == [True]
+
+    call, sent = calls("IpcOpenError")  # IPC never worked in this evaluator: files from now on
+    assert call("compare", ipc) == {"errors": []}
+    assert len(reexported) == 1 and sent[1]["outputs"]["leaves"][0]["kind"] == "file"
+    assert service.transfer == "file"
+
+    service.transfer, service.ipc_worked = "auto", False
+    call, sent = calls(None)
+    call("compare", ipc)
+    assert service.ipc_worked  # an opened IPC export: it works here
+    call, sent = calls("IpcOpenError")  # works here, so this candidate's handle was the problem
+    assert call("compare", ipc) == {"errors": []}
+    assert len(reexported) == 2 and service.transfer == "auto"
+
+
 def test_a_freed_lane_prefers_the_held_task_but_never_starves_another():
     """Evaluations of the task whose reference the lane holds go first, as long as the oldest waiter
     has been passed over fewer than MAX_PASSED_OVER times; no process is started (the lane's
@@ -359,6 +445,49 @@ def test_a_candidate_gets_room_from_other_tasks_references_and_the_last_candidat
     assert closed == ["oldest", "older"] and list(lane.references) == [("current",)]
     room(80, current)
     assert closed == ["oldest", "older"] and list(lane.references) == [("current",)]
+
+
+def test_room_is_made_first_from_references_no_queued_evaluation_needs(monkeypatch):
+    """A reference whose task still has an evaluation waiting for the lane is closed last, even when
+    it is the least recently used: closing it would cost its task the reference work again. Within
+    each group the least recently used goes first; the current task's reference always stays."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import service as service_module
+    from cutegen.evaluate.service import ReferenceProcess
+
+    gib = 1 << 30
+    service = Evaluator("cpu")
+    service.device = "cuda"  # what candidate_room asks; nothing here touches a device
+    lane = service.lanes[0]
+    closed: list[str] = []
+    monkeypatch.setattr(lane.pool, "info", lambda: {"total_memory": 100 * gib})
+    monkeypatch.setattr(lane.pool, "wait_closed", lambda: None)
+    monkeypatch.setattr(service_module, "_candidate_bytes", lambda task, config: 30 * gib)
+
+    def held(name: str, size_gib: int) -> ReferenceProcess:
+        worker = SimpleNamespace(close=lambda: closed.append(name))
+        ref = ReferenceProcess((name, "sha-" + name, "settings"), worker, {}, {}, (), memory_bytes=size_gib * gib)
+        lane.references[ref.key] = ref
+        return ref
+
+    held("queued", 30), held("done-a", 20), held("done-b", 20)
+    current = held("current", 20)
+    service._waiting = {7: ("queued", "sha-queued")}  # a candidate of "queued" waits for the lane
+    lane.candidate_room(SimpleNamespace(), None, current)  # 90 + 30 > 100: 20 GB must go
+    assert closed == ["done-a"]
+    lane.candidate_room(SimpleNamespace(), None, current)  # 70 + 30 fits
+    assert closed == ["done-a"]
+    monkeypatch.setattr(service_module, "_candidate_bytes", lambda task, config: 60 * gib)
+    lane.candidate_room(SimpleNamespace(), None, current)  # 70 + 60: done-b, then the queued task's too
+    assert closed == ["done-a", "done-b", "queued"] and list(lane.references) == [current.key]
+
+    # A new reference (`_make_room`) follows the same order.
+    closed.clear()
+    held("queued", 30), held("done-c", 30)
+    monkeypatch.setattr(service_module, "REFERENCE_MEMORY_FRACTION", 0.8)
+    lane._make_room(need=20 * gib)  # 80 + 20 > 80: one must go, the least recent of those not queued
+    assert closed == ["current"] and ("queued", "sha-queued", "settings") in lane.references
 
 
 def test_the_candidates_memory_estimate_follows_the_tasks_trace():

@@ -464,7 +464,8 @@ def test_build_workers_run_niced_and_a_spare_is_warmed_without_waiting_for_its_s
 def test_a_lane_pool_keeps_several_spares_and_warms_the_started_ones_when_a_worker_is_taken():
     """A GPU lane's pool (here on the CPU, where warming has no context to make): a slot keeps
     `spares` workers starting; taking one warms the spares that have imported torch, whose warm-up
-    answers twice (the context, then the rest), so `quiet` waits only for the first answer."""
+    answers twice (the context, then the rest), so `quiet` waits only for the first answer; a job's
+    end warms only the oldest."""
     from cutegen.evaluate.worker import WorkerPool
 
     with WorkerPool("cpu", spares=2, warm_on_take=True, warm_profiler=False) as pool:
@@ -475,9 +476,10 @@ def test_a_lane_pool_keeps_several_spares_and_warms_the_started_ones_when_a_work
             # not imported torch when the worker was taken.
             assert spares[0]._warm_sent and not spares[1]._warm_sent
             spares[1].wait_started(timeout_s=120)
-        # After the job, the spares that have started are asked to warm up (nothing is measured).
-        assert spares[1]._warm_sent
-        with pool.worker() as second:
+        # After the job only the oldest spare (the next job's worker) is asked: a younger one's
+        # warm-up would still run when the next job calibrates its clock.
+        assert spares[0]._warm_sent and not spares[1]._warm_sent
+        with pool.worker() as second:  # taking it warms the started ones (warm_on_take)
             assert second is spares[0] and second.info["ready"]
             assert pool._spares[0][0] is spares[1] and len(pool._spares[0]) == 2
             second.quiet()
@@ -486,6 +488,38 @@ def test_a_lane_pool_keeps_several_spares_and_warms_the_started_ones_when_a_work
             assert spares[1].info["ready"]
             assert not pool._spares[0][1]._warm_sent  # just started: still importing when taken
         assert spares[1].wait_ready()["ready"]
+
+
+def test_a_timed_calls_trial_is_made_on_the_device_even_where_kept_trials_live_on_the_host(monkeypatch):
+    """compare_fresh's trial lives for one comparison: on the device while it fits (on the host it
+    cost four gigabyte copies a comparison), on the host after an out-of-memory there."""
+    import torch
+
+    from cutegen.evaluate import reference
+
+    made: list[str] = []
+    full = {"device": False}
+
+    def trial(module, model, plan, device, clean_finite, home):
+        if str(home) == "cuda" and full["device"]:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        made.append(str(home))
+        return "trial"
+
+    monkeypatch.setattr(reference, "reference_trial", trial)
+    session = reference.ReferenceSession.__new__(reference.ReferenceSession)
+    session.module, session.models = None, [None]
+    session.device, session.home = torch.device("cuda"), torch.device("cpu")
+    session._empty_cache = lambda: made.append("emptied")
+    assert session._fresh_trial({"seed": 1}) == "trial" and made == ["cuda"]
+    full["device"] = True
+    made.clear()
+    assert session._fresh_trial({"seed": 2}) == "trial" and made == ["emptied", "cpu"]
+    session.home = session.device  # kept trials on the device: nothing else to try
+    made.clear()
+    full["device"] = False
+    session._fresh_trial({"seed": 3})
+    assert made == ["cuda"]
 
 
 def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():

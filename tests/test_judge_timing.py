@@ -19,7 +19,7 @@ from cutegen.evaluate.clock import (
     judge_parent_clock,
     overhead_per_call_ms,
 )
-from cutegen.evaluate.messages import ReplyMalformed, TimedBatchReply
+from cutegen.evaluate.messages import CalibrationReply, ExportReply, ReplyMalformed, TimedBatchReply, WarmupReply
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -205,6 +205,53 @@ def test_a_well_formed_batch_reply_reads_into_its_record():
     parsed = TimedBatchReply.parse({"times_ms": [1, 2.5, 0.0], "stream_ms": [], "guard_refusals": ["x"]}, 3)
     assert parsed.times_ms == (1.0, 2.5, 0.0) and parsed.reported_ms == 3.5
     assert parsed.stream_ms == () and parsed.guard_refusals == ("x",)
+
+
+@pytest.mark.parametrize("parse, reply, problem", [
+    (lambda r: CalibrationReply.parse(r, 10), {"calls": 11}, "1 to 10 calls"),
+    (lambda r: CalibrationReply.parse(r, 10), {"calls": 0}, "1 to 10 calls"),
+    (lambda r: CalibrationReply.parse(r, 10), {"calls": True}, "1 to 10 calls"),
+    (lambda r: CalibrationReply.parse(r, 10), {"calls": 5, "idle_limit_ms": float("nan")}, "a time limit must be"),
+    (lambda r: WarmupReply.parse(r), {"idle_limit_ms": -1.0}, "a time limit must be"),
+    (lambda r: WarmupReply.parse(r), {"idle_limit_ms": 1.0, "guard_refusals": "x"}, "guard_refusals must be a list"),
+    (lambda r: WarmupReply.parse(r), [], "must be an object"),
+    (lambda r: ExportReply.parse(r, [2, 7]), {"outputs": {"2": {}}}, "the parent chose [2, 7]"),
+    (lambda r: ExportReply.parse(r, [2]), {"outputs": {"2": {}, "3": {}}}, "names the calls ['2', '3']"),
+    (lambda r: ExportReply.parse(r, [2]), {"outputs": {"2": "file"}}, "described by an object"),
+])
+def test_the_other_timing_replies_that_are_not_the_protocols_are_refused_by_name(parse, reply, problem):
+    with pytest.raises(ReplyMalformed, match=re.escape(problem)):
+        parse(reply)
+
+
+def test_well_formed_timing_replies_read_into_their_records():
+    assert CalibrationReply.parse({"calls": 4, "idle_limit_ms": 2}, 10) == CalibrationReply(4, 2.0)
+    assert WarmupReply.parse({"idle_limit_ms": None, "new_threads": ["t"]}) == WarmupReply(None, (), ("t",), ())
+    assert ExportReply.parse({"outputs": {"7": {"kind": "file"}}}, [7]).outputs == {7: {"kind": "file"}}
+
+
+def test_an_export_of_other_calls_than_the_parent_chose_ends_the_job_as_the_protocol_broken():
+    """A worker that answers the parent's choice of timed calls with the outputs of calls it picked
+    itself (or of fewer calls) fails `worker_protocol`; nothing it exported is compared."""
+    from cutegen.evaluate import pipeline
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    class Worker:
+        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
+
+        def __call__(self, command, payload=None, step=None):
+            if command == "timed_batch":
+                return {"times_ms": [1.0] * len(payload["seeds"])}
+            if command == "export_timed":  # always call 0's output, whatever was chosen
+                return {"outputs": {"0": {"kind": "file"}}}
+            return {}
+
+    compared: list[dict] = []
+    call = Worker()
+    with pytest.raises(Stop):
+        for _ in range(20):  # the choice is drawn: some draw picks another call than 0
+            pipeline._timed_batches(call, lambda *a, **k: compared.append(a) or {"errors": {}}, [5], 1)
+    assert call.run.failure == "worker_protocol" and "the parent chose" in call.run.feedback
 
 
 def test_a_memo_by_input_content_never_hits_on_the_timed_calls(service, config):

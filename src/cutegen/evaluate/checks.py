@@ -219,6 +219,8 @@ RUN = (
           "the candidate failed for memory or time while other processes shared the GPU; judged again after a wait"),
     Check("gpu_busy", INFRASTRUCTURE, PARENT,
           "every attempt failed for memory or time while other processes shared the GPU: not the candidate's fault"),
+    Check("transfer_space", INFRASTRUCTURE, WORKER,
+          "the candidate's outputs did not fit on the working directory's disk as files: not the candidate's fault"),
     Check("environment_poisoned", INFRASTRUCTURE, CONFINEMENT,
           "a file the judge imports was changed by an earlier candidate on a machine without Landlock: nothing is"
           " judged until it is reinstalled"),

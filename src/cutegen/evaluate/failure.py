@@ -28,10 +28,13 @@ _CUDA_KINDS = (
 
 
 def classify_error(err: BaseException, message: str) -> str:
-    """The failure kind of an exception raised in a worker: guard_refused, out_of_memory, build_error, toolchain,
-    illegal_memory_access, cuda_error or exception (the first that matches, in that order)."""
+    """The failure kind of an exception raised in a worker: guard_refused, transfer_space,
+    write_outside_scratch, out_of_memory, build_error, toolchain, illegal_memory_access, cuda_error or
+    exception (the first that matches, in that order)."""
     if type(err).__name__ == "GuardRefused" or "refused by the judge's guard" in message:
         return "guard_refused"
+    if type(err).__name__ == "TransferSpaceError":
+        return "transfer_space"  # the machine's disk (transfer.py): reported as infrastructure
     if refused_write(err, message, os.getcwd()) is not None:
         return "write_outside_scratch"  # refused by the process's confinement (confine.py)
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":

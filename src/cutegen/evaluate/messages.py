@@ -1,11 +1,13 @@
-"""Typed records of the worker's replies that the parent's clock judges, checked on arrival.
+"""Typed records of the worker's replies that the timing stage judges, checked on arrival.
 
 The timing replies come from the candidate's process, where native code can write anything: a reply
 whose per-call times are missing, extra, negative, infinite or NaN would make the parent's arithmetic
-meaningless (a NaN sorts anywhere and can pull a median down; a negative time lowers a batch's sum).
-So the parent reads them into these records, and a reply that does not fit is the protocol broken
-(`worker_protocol`), never a measurement. The other replies are raw measurements the parent compares
-with its own (reference outputs, digests) and stay plain data.
+meaningless (a NaN sorts anywhere and can pull a median down; a negative time lowers a batch's sum);
+an export of timed outputs that names other calls than the parent chose would have the reference
+compare outputs the parent did not pick. So the parent reads them into these records (the calibration,
+the warm-up, each timed batch, each export of timed outputs), and a reply that does not fit is the
+protocol broken (`worker_protocol`), never a measurement. The other replies are raw measurements the
+parent compares with its own (reference outputs, digests) and stay plain data.
 """
 
 from __future__ import annotations
@@ -35,6 +37,83 @@ def _times(data: dict[str, Any], key: str, calls: int, *, optional: bool = False
     return tuple(times)
 
 
+def _limit(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ReplyMalformed(f"{key} holds {value!r}: a time limit must be a finite number of ms >= 0")
+    return float(value)
+
+
+def _object(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ReplyMalformed(f"{what} must be an object, not {type(data).__name__}")
+    return data
+
+
+def _integrity(data: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The integrity lists a reply after the candidate's import carries (runner._integrity)."""
+    lists = {}
+    for key in ("state_changes", "new_threads", "guard_refusals"):
+        value = data.get(key) or []
+        if not isinstance(value, list):
+            raise ReplyMalformed(f"{key} must be a list, not {type(value).__name__}")
+        lists[key] = tuple(value)
+    return lists
+
+
+@dataclass(frozen=True)
+class CalibrationReply:
+    """The answer to `calibrate` (runner.calibrate, before the candidate's import): the calls a batch
+    holds, at most those asked for, and the device-wide wait's limit on the judge's own forward."""
+
+    calls: int
+    idle_limit_ms: float | None
+
+    @classmethod
+    def parse(cls, data: Any, wanted: int) -> "CalibrationReply":
+        data = _object(data, "a calibration reply")
+        calls = data.get("calls")
+        if isinstance(calls, bool) or not isinstance(calls, int) or not 1 <= calls <= wanted:
+            raise ReplyMalformed(f"calls holds {calls!r}: a batch holds 1 to {wanted} calls")
+        return cls(calls, _limit(data, "idle_limit_ms"))
+
+
+@dataclass(frozen=True)
+class WarmupReply:
+    """The answer to `timing_warmup` (runner.timing_warmup): the device-wide wait's limit, and the
+    integrity lists after the candidate's warm-up calls."""
+
+    idle_limit_ms: float | None
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any) -> "WarmupReply":
+        data = _object(data, "a warm-up reply")
+        return cls(_limit(data, "idle_limit_ms"), **_integrity(data))
+
+
+@dataclass(frozen=True)
+class ExportReply:
+    """The answer to `export_timed` (runner.export_timed): one output descriptor for each call the
+    parent chose after the batch ran, and for no other."""
+
+    outputs: dict[int, dict[str, Any]]
+
+    @classmethod
+    def parse(cls, data: Any, chosen: list[int]) -> "ExportReply":
+        outputs = _object(data, "an export reply").get("outputs")
+        if not isinstance(outputs, dict) or set(outputs) != {str(i) for i in chosen}:
+            named = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+            raise ReplyMalformed(f"the export names the calls {named}, the parent chose {sorted(chosen)}")
+        if not all(isinstance(descriptor, dict) for descriptor in outputs.values()):
+            raise ReplyMalformed("each exported output must be described by an object")
+        return cls({int(key): value for key, value in outputs.items()})
+
+
 @dataclass(frozen=True)
 class TimedBatchReply:
     """A batch of timed calls as the worker reports it (runner.timed_batch, calibration_batch)."""
@@ -53,13 +132,6 @@ class TimedBatchReply:
     @classmethod
     def parse(cls, data: Any, calls: int) -> "TimedBatchReply":
         """The reply to a batch of `calls` calls; raises ReplyMalformed for anything else."""
-        if not isinstance(data, dict):
-            raise ReplyMalformed(f"a batch reply must be an object, not {type(data).__name__}")
-        lists = {}
-        for key in ("state_changes", "new_threads", "guard_refusals"):
-            value = data.get(key) or []
-            if not isinstance(value, list):
-                raise ReplyMalformed(f"{key} must be a list, not {type(value).__name__}")
-            lists[key] = tuple(value)
+        data = _object(data, "a batch reply")
         return cls(_times(data, "times_ms", calls), _times(data, "stream_ms", calls, optional=True),
-                   _times(data, "idle_ms", calls, optional=True), **lists)
+                   _times(data, "idle_ms", calls, optional=True), **_integrity(data))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from cutegen.evaluate.correctness import (
     unpredictable_seed,
 )
 from cutegen.evaluate.jobs import candidate_job
-from cutegen.evaluate.messages import ReplyMalformed, TimedBatchReply
+from cutegen.evaluate.messages import CalibrationReply, ExportReply, ReplyMalformed, TimedBatchReply, WarmupReply
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
 from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize
@@ -177,6 +178,8 @@ class _Calls:
             error = reply["error"]
             if error.get("kind") == "toolchain":
                 raise ToolchainError(error.get("message", ""), "Fix the CUDA toolchain setup and run again.")
+            if error.get("kind") == "transfer_space":
+                self.run.set(infrastructure=True)
             self.run.fail(*error_failure(error, self.run.stage), detail=error.get("traceback") or None)
         if not reply.get("cuda_ok", True):
             self.run.fail("cuda_error", f"After {command} the CUDA context is broken (a sticky error from"
@@ -187,9 +190,13 @@ class _Calls:
 class _ReferenceCalls:
     """Sends commands to the task's reference process. It reads what the candidate's worker
     exported; if that breaks it (a forged descriptor, a CUDA fault while mapping), the candidate
-    fails and the lane replaces the reference process. Where CUDA IPC itself fails (a system that
-    does not allow it), the candidate's worker sends the same outputs again as files, and the
-    service's later candidates export files from the start."""
+    fails and the lane replaces the reference process. Where CUDA IPC cannot open an output
+    (`IpcOpenError`, and only that), the candidate's worker sends the same outputs again as files;
+    where IPC has never worked in this evaluator (a system that does not allow it), the service's
+    later candidates export files from the start. Any other failure of the reference stays one:
+    files are slow for gigabyte outputs, and must not become every later candidate's way for one
+    failed comparison (an earlier rule did that, and the 8.6 GB files of KernelBench level1/38 then
+    filled the H200's disk)."""
 
     _DESCRIPTORS = ("outputs", "base", "perturbed")
 
@@ -198,9 +205,12 @@ class _ReferenceCalls:
 
     def __call__(self, command: str, payload: Any = None, step: str | None = None) -> Any:
         reply = self._send(command, payload, step)
-        if not reply["ok"] and reply["error"].get("type") != "TransferError" and reply.get("cuda_ok", True) and \
-                any(uses_ipc(payload.get(k)) for k in self._DESCRIPTORS if isinstance(payload, dict)):
-            self.lane.evaluator.transfer = "file"
+        ipc = any(uses_ipc(payload.get(k)) for k in self._DESCRIPTORS if isinstance(payload, dict))
+        if reply["ok"] and ipc:
+            self.lane.evaluator.ipc_worked = True
+        if not reply["ok"] and reply["error"].get("type") == "IpcOpenError" and reply.get("cuda_ok", True) and ipc:
+            if not self.lane.evaluator.ipc_worked:
+                self.lane.evaluator.transfer = "file"
             payload = {k: (self.candidate_call("reexport", {"group": v["group"]}, step=step or command)
                            if k in self._DESCRIPTORS and uses_ipc(v) else v) for k, v in payload.items()}
             reply = self._send(command, payload, step)
@@ -341,7 +351,9 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
                     # The strongest verification, while nothing else runs on the lane: every call checked.
                     timing["strict"] = _timed_batches(call, refcall, [calibration["calls"]] * STRICT_BATCHES,
                                                       calibration["calls"])
-            lane.warm_spare()  # nothing more is timed: the next candidate's worker may start on the GPU
+            # Nothing more is timed: the next candidate's worker may start on the GPU (only it: a younger
+            # spare's warm-up would still run when the next candidate's clock is calibrated).
+            lane.warm_spare(younger=False)
             # The kernel audit (own kernels required, on CUDA) profiles a forward, and CUPTI can stay
             # attached after a profiler session (see anticheat.py), so it runs after timing; it is
             # judged first, as it can void the timing.
@@ -523,14 +535,15 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
     (clock.py), and the cost of exporting one retained output."""
 
     wanted = min(config.timed_batch_calls, config.timing_trials)
-    setup = call("calibrate", {"calls": wanted, "warmup_seeds": _seeds(2)}, step="calibrate")
-    calls, batches = int(setup["calls"]), []
+    setup = _typed(call, CalibrationReply.parse, call("calibrate", {"calls": wanted, "warmup_seeds": _seeds(2)},
+                                                      step="calibrate"), wanted)
+    calls, batches = setup.calls, []
     for _ in range(max(1, config.calibration_batches)):
         with prompt_wakeups():
             began = time.perf_counter()
             data = call("calibration_batch", {"seeds": _seeds(calls)}, step="calibrate")
             wall_ms = (time.perf_counter() - began) * 1e3
-        batches.append(BatchClock(calls, wall_ms, _batch(call, data, calls).reported_ms))
+        batches.append(BatchClock(calls, wall_ms, _typed(call, TimedBatchReply.parse, data, calls).reported_ms))
     began = time.perf_counter()
     call("export_timed", {"calls": [0]}, step="calibrate")
     export_ms = (time.perf_counter() - began) * 1e3
@@ -539,13 +552,13 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
             "batches": batches}
 
 
-def _batch(call: Any, data: Any, calls: int) -> TimedBatchReply:
-    """A batch reply as a typed record (messages.py); one that does not fit fails `worker_protocol`."""
+def _typed(call: Any, parse: Callable[..., Any], data: Any, *args: Any) -> Any:
+    """A timing reply as a typed record (messages.py); one that does not fit fails `worker_protocol`."""
     try:
-        return TimedBatchReply.parse(data, calls)
+        return parse(data, *args)
     except ReplyMalformed as err:
-        call.run.fail("worker_protocol", f"A timed batch's reply was not the protocol's: {err}. The timing"
-                      " records are the judge's own; a candidate must not write them.", detail=str(err))
+        call.run.fail("worker_protocol", f"A timing reply was not the protocol's: {err}. The timing records are"
+                      " the judge's own; a candidate must not write them.", detail=str(err))
         raise  # fail() stops the evaluation; this line is never reached
 
 
@@ -568,7 +581,7 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
             began = time.perf_counter()
             raw = call("timed_batch", {"seeds": seeds}, step="timing")
             wall_ms = (time.perf_counter() - began) * 1e3
-        reply = _batch(call, raw, calls)
+        reply = _typed(call, TimedBatchReply.parse, raw, calls)
         data["clocks"].append(BatchClock(calls, wall_ms, reply.reported_ms))
         for key in ("times_ms", "stream_ms", "idle_ms"):
             data[key] += list(getattr(reply, key))
@@ -576,10 +589,11 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
             data[key] = list(getattr(reply, key)) or data.get(key)
         chosen = list(random_trials(calls, checks))  # drawn now, after the calls ran
         began = time.perf_counter()
-        exported = call("export_timed", {"calls": chosen}, step="timed_outputs")["outputs"]
+        exported = _typed(call, ExportReply.parse, call("export_timed", {"calls": chosen}, step="timed_outputs"),
+                          chosen).outputs
         data["export_ms"].append((time.perf_counter() - began) * 1e3)
         for i in chosen:
-            compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[str(i)]}, step="timed_outputs")
+            compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[i]}, step="timed_outputs")
             data["validated"].append({"trial": done + i, "errors": compared["errors"],
                                       "precision": compared.get("precision")})
         call("release", step="timed_outputs")
@@ -592,7 +606,7 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     """The timing protocol (timing.time_batch states it): warm-up calls, then timed batches on inputs
     no other call saw, each timed on the parent's clock too, with outputs verified after each batch."""
     refcall("give_back", step="timing")  # the reference's cached blocks: the timed calls' room
-    warm = call("timing_warmup", {"seeds": _seeds(config.warmup_trials)}, step="timing")
+    warm = _typed(call, WarmupReply.parse, call("timing_warmup", {"seeds": _seeds(config.warmup_trials)}, step="timing"))
     calls = calibration["calls"]
     data = _timed_batches(call, refcall, _batch_sizes(config.timing_trials, calls), config.timed_output_checks)
     # Too few batches agree, or no export came on time: the machine, or the candidate; measured again.
@@ -601,9 +615,10 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
         for key in ("times_ms", "stream_ms", "idle_ms", "clocks", "export_ms", "validated"):
             data[key] += more[key]
         data["clock_retried"] = True
-    data["idle_limit_ms"] = warm.get("idle_limit_ms")
-    data["state_changes"] = data.get("state_changes") or warm.get("state_changes")
-    data["new_threads"] = data.get("new_threads") or warm.get("new_threads")
+    data["idle_limit_ms"] = warm.idle_limit_ms
+    data["state_changes"] = data.get("state_changes") or list(warm.state_changes)
+    data["new_threads"] = data.get("new_threads") or list(warm.new_threads)
+    data["guard_refusals"] = data.get("guard_refusals") or list(warm.guard_refusals)
     return data
 
 

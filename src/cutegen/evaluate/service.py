@@ -12,7 +12,8 @@
   timing, never during a churn or a measurement: see worker.py) and the
   task's reference processes (reference.py): started at a task's first evaluation on the lane,
   which also measures the task's baselines there (cached per device), then reused by every later
-  candidate of the task, until memory makes room for another task's (least recently used first);
+  candidate of the task, until memory makes room for another task's (first those that no queued
+  evaluation needs, each group least recently used first);
 - reference work ahead (`prepare`): while a task's candidate builds in the pool, an idle lane that
   no evaluation waits for starts the task's reference process and measures its baselines, where
   it fits beside the references held without closing one; the task's first evaluation then finds
@@ -245,12 +246,23 @@ class Lane:
         ref.worker.close()
 
     def _make_room(self, need: int) -> None:
-        """Before a new reference process starts: close the least recently used ones while the lane's
+        """Before a new reference process starts: close others (`_eviction_order`) while the lane's
         would hold more than REFERENCE_MEMORY_FRACTION of the GPU's memory with `need` more bytes
         (CPU lanes: while they number CPU_LANE_REFERENCES or more). The rest of the GPU is the
         candidate's: its inputs, outputs and timing sets."""
-        while self.references and self._full(need):
-            self.drop(next(iter(self.references.values())))
+        for ref in self._eviction_order():
+            if not self._full(need):
+                break
+            self.drop(ref)
+
+    def _eviction_order(self, keep: ReferenceProcess | None = None) -> list[ReferenceProcess]:
+        """The lane's reference processes other than `keep`, in the order they are closed for room:
+        those of tasks no waiting evaluation needs first, then the others, each least recently used
+        first. Closing one whose task still has candidates in the queue costs that task its reference
+        work again (about 14 s of a full-size KernelBench task on the H200, bench/results part I)."""
+        wanted = self.evaluator.waiting_tasks()
+        refs = [r for r in self.references.values() if r is not keep]  # least recently used first
+        return sorted(refs, key=lambda r: tuple(r.key[:2]) in wanted)  # stable: LRU within each group
 
     def _full(self, need: int) -> bool:
         """Whether the lane's reference processes and `need` more bytes would hold more than
@@ -266,9 +278,9 @@ class Lane:
         return sum(r.memory_bytes for r in self.references.values())
 
     def candidate_room(self, task: Task, config: Any, ref: ReferenceProcess) -> None:
-        """Before a candidate's worker starts: close other tasks' reference processes (least recently
-        used first) while they, this task's and what the candidate needs (`_candidate_bytes`) would
-        not fit in the GPU's memory, and wait for the last candidate's worker to end when the two
+        """Before a candidate's worker starts: close other tasks' reference processes (in
+        `_eviction_order`) while they, this task's and what the candidate needs (`_candidate_bytes`)
+        would not fit in the GPU's memory, and wait for the last candidate's worker to end when the two
         candidates would not fit side by side. (A reference grows after its baselines, by its
         comparisons' and the ghost probe's work: its replies report its memory. On an H200, two
         other tasks' references held 121 GB while an honest candidate ran out of memory.)"""
@@ -277,7 +289,7 @@ class Lane:
         total = int(self.pool.info().get("total_memory") or 0)
         need = _candidate_bytes(task, config)
         if total and need:
-            for other in [r for r in self.references.values() if r is not ref]:  # least recently used first
+            for other in self._eviction_order(keep=ref):
                 if self._held_bytes() + need <= total:
                     break
                 self.drop(other)
@@ -327,8 +339,8 @@ class Lane:
             except (ToolchainError, WorkerDied):
                 self.reference_spare = None
 
-    def warm_spare(self) -> None:
-        self.pool.warm_spare()
+    def warm_spare(self, younger: bool = True) -> None:
+        self.pool.warm_spare(younger=younger)
 
     def close(self) -> None:
         for ref in list(self.references.values()):
@@ -371,7 +383,8 @@ class Evaluator:
         self._waiting: dict[int, tuple[str, str]] = {}  # ticket -> (task id, source hash) of a waiting evaluation
         self._passed_over: dict[int, int] = {}  # ticket -> lanes given to a later waiter meanwhile
         self._arch: str | None = None
-        self.transfer = "auto"  # how candidates export outputs: "file" once CUDA IPC has failed here
+        self.transfer = "auto"  # how candidates export outputs: "file" once CUDA IPC failed where it never worked
+        self.ipc_worked = False  # whether the reference process ever opened a candidate's outputs by CUDA IPC
         # (what, label, start, end) in time.monotonic() seconds: each build in the pool, each hold of a
         # lane by an evaluation and each preparation ahead, for a run's report of where time went and
         # what overlapped (bounded: a long run keeps the latest).
@@ -471,6 +484,11 @@ class Evaluator:
                 self._preparer = threading.Thread(target=self._prepare_loop, name="cutegen-prepare", daemon=True)
                 self._preparer.start()
             self._cond.notify_all()
+
+    def waiting_tasks(self) -> set[tuple[str, str]]:
+        """(task id, source hash) of each task an evaluation waits for a lane for."""
+        with self._cond:
+            return set(self._waiting.values())
 
     def _held(self, key: tuple) -> bool:
         """Whether a lane holds the reference process kept under `key`."""

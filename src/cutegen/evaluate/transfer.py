@@ -10,7 +10,11 @@ exports memory, so no handle, file or address of it ever reaches a candidate's p
   and reads the outputs in place, device to device, with no host copy of gigabyte outputs. The
   mapping covers the candidate's whole allocation segment, which holds nothing of the reference's.
 - On the CPU each output is written to a file in the candidate's working directory and mapped by the
-  reference process (`torch.from_file`); that directory is removed with the worker.
+  reference process (`torch.from_file`); that directory is removed with the worker. The file's room is
+  reserved before it is mapped: a full disk is then a `TransferSpaceError` (the machine's, not the
+  candidate's), not a bus error that ends the worker as a crash.
+- Where CUDA IPC cannot open an output, the reader raises `IpcOpenError`, and only that makes the
+  parent ask for the outputs again as files (pipeline.py).
 
 A descriptor is data from an untrusted process: the reader checks every leaf's dtype, shape and size
 against the reference's before it maps anything, so a forged size or shape is refused rather than
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import math
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -101,7 +107,17 @@ def _export_file(tensor: Any, folder: Path) -> dict[str, Any]:
     path = Path(folder) / f"out-{uuid.uuid4().hex}.bin"
     nbytes = tensor.numel() * tensor.element_size()
     with open(path, "wb") as handle:
-        handle.truncate(nbytes)
+        # Reserved, not only sized: writing a mapped page of a sparse file on a full disk raises SIGBUS,
+        # which would end the worker and read as the candidate's crash (seen on the H200 with 8.6 GB
+        # outputs of KernelBench level1/38).
+        try:
+            os.posix_fallocate(handle.fileno(), 0, nbytes)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            path.unlink(missing_ok=True)
+            raise TransferSpaceError(f"no room for a {nbytes / 2**30:.2f} GiB output file in {folder}:"
+                                     f" {os.strerror(err.errno)}") from None
     mapped = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
     mapped.view(tensor.dtype).view(tensor.shape).copy_(tensor)
     del mapped
@@ -110,6 +126,16 @@ def _export_file(tensor: Any, folder: Path) -> dict[str, Any]:
 
 class TransferError(Exception):
     """A descriptor that does not describe outputs the reference can compare (the candidate's)."""
+
+
+class IpcOpenError(Exception):
+    """CUDA IPC could not map an output: a system that does not allow it, or a forged handle. The
+    parent then asks for the same outputs as files."""
+
+
+class TransferSpaceError(Exception):
+    """No room on the working directory's file system for an output file: the machine's problem (an
+    infrastructure verdict), not the candidate's."""
 
 
 @contextlib.contextmanager
@@ -153,10 +179,13 @@ def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
         offset = int(entry["element_offset"])
         if offset < 0 or (offset + numel) * (nbytes // numel) > int(entry["storage_bytes"]):
             raise TransferError("an output's storage is smaller than the output")
-        storage = torch.UntypedStorage._new_shared_cuda(
-            int(entry["device"]), _unb64(entry["handle"]), int(entry["storage_bytes"]),
-            int(entry["storage_offset_bytes"]), _unb64(entry["counter_handle"]), int(entry["counter_offset"]),
-            _unb64(entry["event_handle"]), bool(entry["event_sync"]))
+        try:
+            storage = torch.UntypedStorage._new_shared_cuda(
+                int(entry["device"]), _unb64(entry["handle"]), int(entry["storage_bytes"]),
+                int(entry["storage_offset_bytes"]), _unb64(entry["counter_handle"]), int(entry["counter_offset"]),
+                _unb64(entry["event_handle"]), bool(entry["event_sync"]))
+        except RuntimeError as err:
+            raise IpcOpenError(f"CUDA IPC could not open an output: {err}") from None
         return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape)
     raise TransferError(f"unknown output transfer kind {kind!r}")
 

@@ -118,6 +118,10 @@ def error_failure(error: dict[str, Any], stage: str) -> tuple[str, str]:
                                          f" ({message}): write only in the working directory or its temporary folder.")
     if kind == "out_of_memory":
         return "out_of_memory", f"Out of memory during {stage}{where}: {message}"
+    if kind == "transfer_space":
+        return "transfer_space", (f"Not a verdict on the candidate: during {stage} its outputs could not be handed"
+                                  f" to the reference ({message}). Free disk space where the evaluator works"
+                                  " and evaluate it again.")
     if kind in ("illegal_memory_access", "cuda_error"):
         return kind, (f"CUDA error during {stage}{where}: {message}\nCheck index arithmetic and the"
                       " predication of residue tiles; launch configuration limits; alignment of vector accesses.")

@@ -481,23 +481,26 @@ class WorkerPool:
             finally:
                 self.close_later(worker)
         finally:
-            self.warm_spare(slot)
+            self.warm_spare(slot, younger=False)
             with self._cond:
                 self._free.append(slot)
                 self._cond.notify()
 
-    def warm_spare(self, slot: int | None = None) -> None:
+    def warm_spare(self, slot: int | None = None, younger: bool = True) -> None:
         """Let the spares of `slot` (every slot's, when None) warm up now: create their CUDA contexts
         and load the profiler. A spare only imports torch when it is started; its GPU work waits for
-        this, which the evaluation asks for when nothing it measures is running (when it takes its
-        worker, and after timing). The oldest spare is always asked (it is the next job's: its
-        warm-up waits in the channel until its import is done); a younger one only once it has
-        imported torch, so that `quiet` never waits for an import."""
+        this, which the evaluation asks for when nothing it measures is running. The oldest spare is
+        always asked (it is the next job's: its warm-up waits in the channel until its import is
+        done); with `younger`, the others too once they have imported torch, so that `quiet` never
+        waits for an import. At a job's end only the oldest is asked: a younger spare's warm-up begun
+        then is still running when the next job calibrates its clock, which must wait for it (up to
+        11 s an evaluation on the H200 while compilers filled the cores, bench/results part K); the
+        next job asks for the younger ones once its calibration is done."""
         with self._cond:
             slots = [(k, list(w)) for k, w in self._spares.items() if slot is None or k == slot]
         for _, spares in slots:
             for index, spare in enumerate(spares):
-                if index == 0 or spare.has_started():
+                if index == 0 or (younger and spare.has_started()):
                     with contextlib.suppress(ToolchainError, WorkerDied):
                         spare.begin_warm()
 
