@@ -19,7 +19,9 @@ from cutegen.evaluate.clock import (
     judge_parent_clock,
     overhead_per_call_ms,
 )
-from cutegen.evaluate.messages import CalibrationReply, ExportReply, ReplyMalformed, TimedBatchReply, WarmupReply
+from cutegen.evaluate.messages import (
+    CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply, WarmupReply,
+)
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
 from cutegen.tasks import load_task
@@ -222,6 +224,53 @@ def test_a_well_formed_batch_reply_reads_into_its_record():
 def test_the_other_timing_replies_that_are_not_the_protocols_are_refused_by_name(parse, reply, problem):
     with pytest.raises(ReplyMalformed, match=re.escape(problem)):
         parse(reply)
+
+
+@pytest.mark.parametrize("parse, reply, problem", [
+    (TrialReply.parse, {"findings": [], "mutated": []}, None),
+    (TrialReply.parse, {"findings": "none", "mutated": []}, "findings must be a list"),
+    (TrialReply.parse, {"findings": [{"check": "x"}], "mutated": []}, "each with a check and a message"),
+    (TrialReply.parse, {"findings": [], "mutated": [True]}, "mutated must be a list of input indices"),
+    (TrialReply.parse, {"findings": [], "mutated": [], "fingerprints": [1]}, "fingerprints must be a list of strings"),
+    (TrialReply.parse, {"findings": [], "mutated": [], "outputs": "out-1.bin"}, "outputs must describe"),
+    (TrialReply.parse, {"findings": [], "mutated": [], "outputs": {}, "new_threads": {}}, "new_threads must be a list"),
+    (GhostRunReply.parse, {"base": {}}, "perturbed must describe"),
+    (GhostRunReply.parse, "ok", "must be an object"),
+])
+def test_a_trial_or_ghost_reply_that_is_not_the_protocols_is_refused_by_name(parse, reply, problem):
+    if problem is None:
+        assert parse(reply).outputs is None  # a trial whose outputs had the wrong types exports none
+        return
+    with pytest.raises(ReplyMalformed, match=re.escape(problem)):
+        parse(reply)
+
+
+def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_the_evaluation():
+    """A worker that answers a correctness trial with only its outputs (no findings, no mutated inputs:
+    the lists the worker-side checks fill) gives the verdict `worker_protocol`."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import pipeline
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    class Worker:
+        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
+
+        def __call__(self, command, payload=None, step=None):
+            return {"weights": []} if command == "weights" else {"outputs": {"leaves": []}}
+
+    ref = SimpleNamespace(data={"weights": [], "trials": [{"index": 0, "skipped": False, "adversarial": False,
+                                                           "note": None}]})
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(pipeline, "_trial_payload", lambda ref, index: {"trial": index})
+    call = Worker()
+    try:
+        with pytest.raises(Stop):
+            pipeline._correctness_stage(call.run, call, lambda *a, **k: {}, ref, EvalConfig(device="cpu",
+                                                                                             backend="torch"))
+    finally:
+        monkey.undo()
+    assert call.run.failure == "worker_protocol" and "findings must be a list" in call.run.feedback
 
 
 def test_well_formed_timing_replies_read_into_their_records():

@@ -1,13 +1,15 @@
-"""Typed records of the worker's replies that the timing stage judges, checked on arrival.
+"""Typed records of the worker's replies that the parent judges, checked on arrival.
 
 The timing replies come from the candidate's process, where native code can write anything: a reply
 whose per-call times are missing, extra, negative, infinite or NaN would make the parent's arithmetic
 meaningless (a NaN sorts anywhere and can pull a median down; a negative time lowers a batch's sum);
 an export of timed outputs that names other calls than the parent chose would have the reference
-compare outputs the parent did not pick. So the parent reads them into these records (the calibration,
-the warm-up, each timed batch, each export of timed outputs), and a reply that does not fit is the
-protocol broken (`worker_protocol`), never a measurement. The other replies are raw measurements the
-parent compares with its own (reference outputs, digests) and stay plain data.
+compare outputs the parent did not pick; a trial's reply without its lists would end the evaluation
+in an error instead of a verdict. So the parent reads them into these records (the calibration,
+the warm-up, each timed batch, each export of timed outputs, each correctness trial, each ghost
+run), and a reply that does not fit is the protocol broken (`worker_protocol`), never a measurement
+nor a crash of the evaluation. The remaining replies (weights' fingerprints, the determinism and
+audit results) are read by the checks that judge them and stay plain data.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def _integrity(data: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
     """The integrity lists a reply after the candidate's import carries (runner._integrity)."""
     lists = {}
     for key in ("state_changes", "new_threads", "guard_refusals"):
-        value = data.get(key) or []
+        value = data.get(key)
+        value = [] if value is None else value
         if not isinstance(value, list):
             raise ReplyMalformed(f"{key} must be a list, not {type(value).__name__}")
         lists[key] = tuple(value)
@@ -112,6 +115,63 @@ class ExportReply:
         if not all(isinstance(descriptor, dict) for descriptor in outputs.values()):
             raise ReplyMalformed("each exported output must be described by an object")
         return cls({int(key): value for key, value in outputs.items()})
+
+
+def _descriptor(data: dict[str, Any], key: str, *, optional: bool = False) -> dict[str, Any] | None:
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise ReplyMalformed(f"{key} must describe the exported outputs by an object, not {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrialReply:
+    """The answer to `run_trial` (runner.run_trial): the exported outputs (None where their types were
+    wrong), the input fingerprints when asked, the worker-side findings and mutated inputs."""
+
+    outputs: dict[str, Any] | None
+    fingerprints: tuple[str, ...] | None
+    findings: tuple[dict[str, Any], ...]
+    mutated: tuple[int, ...]
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any) -> "TrialReply":
+        data = _object(data, "a trial reply")
+        prints = data.get("fingerprints")
+        if prints is not None and (not isinstance(prints, list) or not all(isinstance(p, str) for p in prints)):
+            raise ReplyMalformed("fingerprints must be a list of strings")
+        findings = data.get("findings")
+        if not isinstance(findings, list) or not all(
+                isinstance(f, dict) and isinstance(f.get("check"), str) and isinstance(f.get("message"), str)
+                for f in findings):
+            raise ReplyMalformed("findings must be a list of objects, each with a check and a message")
+        mutated = data.get("mutated")
+        if not isinstance(mutated, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mutated):
+            raise ReplyMalformed("mutated must be a list of input indices")
+        return cls(_descriptor(data, "outputs", optional=True), None if prints is None else tuple(prints),
+                   tuple(findings), tuple(mutated), **_integrity(data))
+
+
+@dataclass(frozen=True)
+class GhostRunReply:
+    """The answer to `ghost_run` (runner.ghost_run): the exported outputs on trial 0's inputs and on the
+    perturbed ones (an empty list of leaves where the perturbed output's shape changed)."""
+
+    base: dict[str, Any]
+    perturbed: dict[str, Any]
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any) -> "GhostRunReply":
+        data = _object(data, "a ghost run's reply")
+        return cls(_descriptor(data, "base"), _descriptor(data, "perturbed"), **_integrity(data))
 
 
 @dataclass(frozen=True)

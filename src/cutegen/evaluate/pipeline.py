@@ -37,7 +37,9 @@ from cutegen.evaluate.correctness import (
     unpredictable_seed,
 )
 from cutegen.evaluate.jobs import candidate_job
-from cutegen.evaluate.messages import CalibrationReply, ExportReply, ReplyMalformed, TimedBatchReply, WarmupReply
+from cutegen.evaluate.messages import (
+    CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply, WarmupReply,
+)
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
 from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize
@@ -441,16 +443,16 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
             continue
         kind = "adversarial" if made["adversarial"] else "clean"
         payload = {**_trial_payload(ref, index), "churn": not churned, "fingerprint": kind not in checked_prints}
-        data = call("run_trial", payload)
+        data = _typed(call, TrialReply.parse, call("run_trial", payload))
         churned = True
         _judge_integrity(run, data)
-        if data.get("fingerprints") is not None:
+        if data.fingerprints is not None:
             checked_prints.add(kind)
-            _check_inputs(run, ref, made, data["fingerprints"])
+            _check_inputs(run, ref, made, list(data.fingerprints))
         entry = {"index": index, "adversarial": made["adversarial"], "note": made["note"],
-                 "findings": list(data["findings"]), "mutated": data["mutated"], "errors": None}
-        if data.get("outputs") is not None:
-            compared = refcall("compare", {"trial": index, "outputs": data["outputs"]})
+                 "findings": list(data.findings), "mutated": list(data.mutated), "errors": None}
+        if data.outputs is not None:
+            compared = refcall("compare", {"trial": index, "outputs": data.outputs})
             entry["findings"] += compared["findings"]
             entry["errors"], entry["first_mismatches"] = compared["errors"], compared["first_mismatches"]
             entry["precision"], entry["precision_note"] = compared.get("precision"), compared.get("precision_note")
@@ -516,10 +518,10 @@ def _anticheat_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, con
     plan = refcall("ghost_plan", {"tol": tol}, step="ghost")["plan"]
     data["ghost"] = None
     for entry in plan:
-        moved = call("ghost_run", {**_trial_payload(ref, 0), **entry}, step="ghost")
+        moved = _typed(call, GhostRunReply.parse, call("ghost_run", {**_trial_payload(ref, 0), **entry}, step="ghost"))
         _judge_integrity(run, moved)
-        judged = refcall("ghost_judge", {**entry, "tol": tol, "base": moved["base"],
-                                         "perturbed": moved["perturbed"]}, step="ghost")
+        judged = refcall("ghost_judge", {**entry, "tol": tol, "base": moved.base, "perturbed": moved.perturbed},
+                         step="ghost")
         if judged["finding"]:
             data["ghost"] = judged["finding"]
             break
@@ -553,12 +555,12 @@ def _calibrate(run: VerdictBuilder, call: Any, config: EvalConfig) -> dict[str, 
 
 
 def _typed(call: Any, parse: Callable[..., Any], data: Any, *args: Any) -> Any:
-    """A timing reply as a typed record (messages.py); one that does not fit fails `worker_protocol`."""
+    """A worker's reply as a typed record (messages.py); one that does not fit fails `worker_protocol`."""
     try:
         return parse(data, *args)
     except ReplyMalformed as err:
-        call.run.fail("worker_protocol", f"A timing reply was not the protocol's: {err}. The timing records are"
-                      " the judge's own; a candidate must not write them.", detail=str(err))
+        call.run.fail("worker_protocol", f"A worker's reply was not the protocol's: {err}. The judge's records are"
+                      " its own; a candidate must not write them.", detail=str(err))
         raise  # fail() stops the evaluation; this line is never reached
 
 
@@ -622,8 +624,11 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     return data
 
 
-def _judge_integrity(run: VerdictBuilder, data: dict[str, Any]) -> None:
-    """Global state and threads must be as they were before the candidate's import."""
+def _judge_integrity(run: VerdictBuilder, data: Any) -> None:
+    """Global state and threads must be as they were before the candidate's import (`data`: a reply,
+    as a dict or a typed record of messages.py)."""
+    if not isinstance(data, dict):
+        data = {key: list(getattr(data, key)) for key in ("guard_refusals", "state_changes", "new_threads")}
     run.note_run("global_state_changes", "new_threads")
     if data.get("guard_refusals"):
         refused = "; ".join(str(r) for r in data["guard_refusals"][:5])
