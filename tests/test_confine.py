@@ -67,9 +67,18 @@ class World:
         return {"site": _tree(self.site), "cache": _tree(self.cache), "run": _tree(self.run_dir)}
 
 
+@pytest.fixture(scope="module")
+def site_folder(tmp_path_factory) -> Path:
+    """One folder for the throwaway package of every test here, emptied for each: the workers'
+    PYTHONPATH then stays the same, so the evaluator's one fork server serves them all (a new path
+    would start a fork server, which imports torch, for each test)."""
+    return tmp_path_factory.mktemp("site")
+
+
 @pytest.fixture()
-def world(tmp_path, monkeypatch) -> World:
-    site = tmp_path / "site"
+def world(tmp_path, monkeypatch, site_folder) -> World:
+    site = site_folder
+    shutil.rmtree(site)
     (site / FAKE_PACKAGE).mkdir(parents=True)
     (site / FAKE_PACKAGE / "__init__.py").write_text(PACKAGE_TEXT)
     cache = tmp_path / "cache"

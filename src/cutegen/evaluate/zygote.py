@@ -106,6 +106,8 @@ class Zygote:
     def close(self) -> None:
         with self._lock:
             servers, self._servers = list(self._servers.values()), {}
+        for server in servers:  # all told at once: each then ends its children and exits in parallel
+            server.shut()
         for server in servers:
             server.close()
 
@@ -201,9 +203,13 @@ class _Server:
                 self._cond.wait(left)
         return self.exit_code(pid)
 
-    def close(self) -> None:
+    def shut(self) -> None:
+        """Tell the zygote to end: it reads the end of its channel, kills its children and exits."""
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # the zygote reads the end, kills its children and exits
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.shut()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(timeout=10.0)
         if self._process.poll() is None:
