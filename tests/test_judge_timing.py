@@ -20,7 +20,8 @@ from cutegen.evaluate.clock import (
     overhead_per_call_ms,
 )
 from cutegen.evaluate.messages import (
-    CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply, WarmupReply,
+    BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
+    WarmupReply, WeightsReply,
 )
 from cutegen.evaluate.pipeline import evaluate_candidate
 from cutegen.evaluate.service import Evaluator
@@ -236,13 +237,27 @@ def test_the_other_timing_replies_that_are_not_the_protocols_are_refused_by_name
     (TrialReply.parse, {"findings": [], "mutated": [], "outputs": {}, "new_threads": {}}, "new_threads must be a list"),
     (GhostRunReply.parse, {"base": {}}, "perturbed must describe"),
     (GhostRunReply.parse, "ok", "must be an object"),
+    (BuildReply.parse, {"model_new": 1, "kernels": [], "build_s": 0.1}, "model_new must be true or false"),
+    (BuildReply.parse, {"model_new": True, "kernels": [{"name": "k"}], "build_s": 0.1}, "whether it was cached"),
+    (BuildReply.parse, {"model_new": True, "kernels": [{"name": "k", "cached": False, "compile_s": "1"}],
+                        "build_s": 0.1}, "a kernel's compile_s"),
+    (BuildReply.parse, {"model_new": True, "kernels": [], "build_s": float("nan")}, "build_s holds nan"),
+    (lambda r: WeightsReply.parse(r, 2), {"weights": [{}]}, "weights must hold 2 maps"),
+    (lambda r: WeightsReply.parse(r, 1), {"weights": [{"w": 3}]}, "weights must hold 1 maps"),
 ])
-def test_a_trial_or_ghost_reply_that_is_not_the_protocols_is_refused_by_name(parse, reply, problem):
+def test_a_trial_ghost_build_or_weights_reply_that_is_not_the_protocols_is_refused_by_name(parse, reply, problem):
     if problem is None:
         assert parse(reply).outputs is None  # a trial whose outputs had the wrong types exports none
         return
     with pytest.raises(ReplyMalformed, match=re.escape(problem)):
         parse(reply)
+
+
+def test_a_build_and_a_weights_reply_read_into_their_records():
+    built = BuildReply.parse({"model_new": True, "kernels": [{"name": "k", "cached": True, "compile_s": None}],
+                              "build_s": 1.5, "new_threads": []})
+    assert built.model_new and built.kernels[0]["name"] == "k" and built.build_s == 1.5
+    assert WeightsReply.parse({"weights": [{"w": "ab12"}]}, 1).weights == ({"w": "ab12"},)
 
 
 def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_the_evaluation():

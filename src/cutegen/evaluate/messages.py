@@ -5,11 +5,12 @@ whose per-call times are missing, extra, negative, infinite or NaN would make th
 meaningless (a NaN sorts anywhere and can pull a median down; a negative time lowers a batch's sum);
 an export of timed outputs that names other calls than the parent chose would have the reference
 compare outputs the parent did not pick; a trial's reply without its lists would end the evaluation
-in an error instead of a verdict. So the parent reads them into these records (the calibration,
-the warm-up, each timed batch, each export of timed outputs, each correctness trial, each ghost
-run), and a reply that does not fit is the protocol broken (`worker_protocol`), never a measurement
-nor a crash of the evaluation. The remaining replies (weights' fingerprints, the determinism and
-audit results) are read by the checks that judge them and stay plain data.
+in an error instead of a verdict. So the parent reads them into these records (the build, the weights'
+fingerprints, the calibration, the warm-up, each timed batch, each export of timed outputs, each
+correctness trial, each ghost run), and a reply that does not fit is the protocol broken
+(`worker_protocol`), never a measurement nor a crash of the evaluation. The remaining replies (the
+determinism, op-audit and kernel-audit results) are read by the checks that judge them
+(checks_dynamic) and stay plain data.
 """
 
 from __future__ import annotations
@@ -115,6 +116,61 @@ class ExportReply:
         if not all(isinstance(descriptor, dict) for descriptor in outputs.values()):
             raise ReplyMalformed("each exported output must be described by an object")
         return cls({int(key): value for key, value in outputs.items()})
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ReplyMalformed(f"{what} holds {value!r}: a duration must be a finite number of seconds >= 0")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BuildReply:
+    """The answer to `build` (runner.build, the candidate's import): whether it defines ModelNew, the
+    kernels its import built or found (name, cached, compile seconds) and how long it took."""
+
+    model_new: bool
+    kernels: tuple[dict[str, Any], ...]
+    build_s: float
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any) -> "BuildReply":
+        data = _object(data, "a build reply")
+        if not isinstance(data.get("model_new"), bool):
+            raise ReplyMalformed("model_new must be true or false")
+        kernels = data.get("kernels")
+        if not isinstance(kernels, list) or not all(
+                isinstance(k, dict) and isinstance(k.get("name"), str) and isinstance(k.get("cached"), bool)
+                for k in kernels):
+            raise ReplyMalformed("kernels must be a list of objects, each with a name and whether it was cached")
+        for kernel in kernels:
+            if kernel.get("compile_s") is not None:
+                _seconds(kernel["compile_s"], "a kernel's compile_s")
+        return cls(data["model_new"], tuple(kernels), _seconds(data.get("build_s"), "build_s"), **_integrity(data))
+
+
+@dataclass(frozen=True)
+class WeightsReply:
+    """The answer to `weights` (runner.weights): for each weight seed, the fingerprint of each of
+    ModelNew's parameters and buffers by name."""
+
+    weights: tuple[dict[str, str], ...]
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any, seeds: int) -> "WeightsReply":
+        data = _object(data, "a weights reply")
+        weights = data.get("weights")
+        if not isinstance(weights, list) or len(weights) != seeds or not all(
+                isinstance(w, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in w.items())
+                for w in weights):
+            raise ReplyMalformed(f"weights must hold {seeds} maps of parameter names to fingerprints")
+        return cls(tuple(weights), **_integrity(data))
 
 
 def _descriptor(data: dict[str, Any], key: str, *, optional: bool = False) -> dict[str, Any] | None:

@@ -38,7 +38,8 @@ from cutegen.evaluate.correctness import (
 )
 from cutegen.evaluate.jobs import candidate_job
 from cutegen.evaluate.messages import (
-    CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply, WarmupReply,
+    BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
+    WarmupReply, WeightsReply,
 )
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
@@ -331,7 +332,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
                 run.timed("settle", started)
                 calibration = _calibrate(run, call, config)
             lane.warm_spare()  # the next candidate's worker may now make its CUDA context (see Lane)
-            _judge_build(run, call("build", {"source": source}))
+            _judge_build(run, _typed(call, BuildReply.parse, call("build", {"source": source})))
             run.stage = "correctness"
             started = time.perf_counter()
             worker.quiet()  # the lane's spares create their CUDA contexts before the first churn
@@ -428,9 +429,9 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
 
     run.note_run("check_output_types", "inputs_mutated", "check_nonfinite",
                  *(["churn_free_memory"] if config.device == "cuda" else []))
-    weights = call("weights")
+    weights = _typed(call, WeightsReply.parse, call("weights"), len(ref.data["weights"]))
     _judge_integrity(run, weights)
-    check = judge_weights([_compare_prints(r, c) for r, c in zip(ref.data["weights"], weights["weights"])])
+    check = judge_weights([_compare_prints(r, c) for r, c in zip(ref.data["weights"], weights.weights)])
     if not check.passed:
         run.fail_check(check, check.detail)
     run.add(check)
@@ -645,12 +646,12 @@ def _judge_integrity(run: VerdictBuilder, data: Any) -> None:
                  " inside forward, on the current stream.")
 
 
-def _judge_build(run: VerdictBuilder, data: dict[str, Any]) -> None:
-    run.set(build_s=round(data["build_s"], 3))
-    if not data["model_new"]:
+def _judge_build(run: VerdictBuilder, data: BuildReply) -> None:
+    run.set(build_s=round(data.build_s, 3))
+    if not data.model_new:
         run.fail("model_new_missing", "The candidate defines no class ModelNew(nn.Module) at module level.")
-    kernels = ", ".join(f"{k['name']} ({'cached' if k['cached'] else '%.1f s' % (k['compile_s'] or 0)})"
-                        for k in data["kernels"]) or "no cutegen runtime kernels"
+    kernels = ", ".join(f"{k['name']} ({'cached' if k['cached'] else '%.1f s' % (k.get('compile_s') or 0)})"
+                        for k in data.kernels) or "no cutegen runtime kernels"
     run.add(CheckResult("build", "build", True, kernels))
     _judge_integrity(run, data)
 
