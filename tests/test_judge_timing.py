@@ -290,7 +290,7 @@ def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_t
 
 def test_well_formed_timing_replies_read_into_their_records():
     assert CalibrationReply.parse({"calls": 4, "idle_limit_ms": 2}, 10) == CalibrationReply(4, 2.0)
-    assert WarmupReply.parse({"idle_limit_ms": None, "new_threads": ["t"]}) == WarmupReply(None, (), ("t",), ())
+    assert WarmupReply.parse({"idle_limit_ms": None, "new_threads": ["t"]}) == WarmupReply(None, new_threads=("t",))
     assert ExportReply.parse({"outputs": {"7": {"kind": "file"}}}, [7]).outputs == {7: {"kind": "file"}}
 
 

@@ -67,6 +67,16 @@ def _integrity(data: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
     return lists
 
 
+@dataclass(frozen=True, kw_only=True)
+class AfterImport:
+    """What every reply after the candidate's import carries (runner._integrity): torch's global state
+    changed since the import, threads left running, and the audit hook's refusals."""
+
+    state_changes: tuple[Any, ...] = ()
+    new_threads: tuple[Any, ...] = ()
+    guard_refusals: tuple[Any, ...] = ()
+
+
 @dataclass(frozen=True)
 class CalibrationReply:
     """The answer to `calibrate` (runner.calibrate, before the candidate's import): the calls a batch
@@ -85,14 +95,11 @@ class CalibrationReply:
 
 
 @dataclass(frozen=True)
-class WarmupReply:
+class WarmupReply(AfterImport):
     """The answer to `timing_warmup` (runner.timing_warmup): the device-wide wait's limit, and the
     integrity lists after the candidate's warm-up calls."""
 
     idle_limit_ms: float | None
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @classmethod
     def parse(cls, data: Any) -> "WarmupReply":
@@ -125,16 +132,13 @@ def _seconds(value: Any, what: str) -> float:
 
 
 @dataclass(frozen=True)
-class BuildReply:
+class BuildReply(AfterImport):
     """The answer to `build` (runner.build, the candidate's import): whether it defines ModelNew, the
     kernels its import built or found (name, cached, compile seconds) and how long it took."""
 
     model_new: bool
     kernels: tuple[dict[str, Any], ...]
     build_s: float
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @classmethod
     def parse(cls, data: Any) -> "BuildReply":
@@ -153,14 +157,11 @@ class BuildReply:
 
 
 @dataclass(frozen=True)
-class WeightsReply:
+class WeightsReply(AfterImport):
     """The answer to `weights` (runner.weights): for each weight seed, the fingerprint of each of
     ModelNew's parameters and buffers by name."""
 
     weights: tuple[dict[str, str], ...]
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @classmethod
     def parse(cls, data: Any, seeds: int) -> "WeightsReply":
@@ -183,7 +184,7 @@ def _descriptor(data: dict[str, Any], key: str, *, optional: bool = False) -> di
 
 
 @dataclass(frozen=True)
-class TrialReply:
+class TrialReply(AfterImport):
     """The answer to `run_trial` (runner.run_trial): the exported outputs (None where their types were
     wrong), the input fingerprints when asked, the worker-side findings and mutated inputs."""
 
@@ -191,9 +192,6 @@ class TrialReply:
     fingerprints: tuple[str, ...] | None
     findings: tuple[dict[str, Any], ...]
     mutated: tuple[int, ...]
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @classmethod
     def parse(cls, data: Any) -> "TrialReply":
@@ -214,15 +212,12 @@ class TrialReply:
 
 
 @dataclass(frozen=True)
-class GhostRunReply:
+class GhostRunReply(AfterImport):
     """The answer to `ghost_run` (runner.ghost_run): the exported outputs on trial 0's inputs and on the
     perturbed ones (an empty list of leaves where the perturbed output's shape changed)."""
 
     base: dict[str, Any]
     perturbed: dict[str, Any]
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @classmethod
     def parse(cls, data: Any) -> "GhostRunReply":
@@ -231,15 +226,12 @@ class GhostRunReply:
 
 
 @dataclass(frozen=True)
-class TimedBatchReply:
+class TimedBatchReply(AfterImport):
     """A batch of timed calls as the worker reports it (runner.timed_batch, calibration_batch)."""
 
     times_ms: tuple[float, ...]  # each call's time, the end event's (or the device-wide wait's)
     stream_ms: tuple[float, ...]  # each call on the caller's stream alone (empty where not measured)
     idle_ms: tuple[float, ...]  # each call until the device was idle (empty where not measured)
-    state_changes: tuple[Any, ...] = ()
-    new_threads: tuple[Any, ...] = ()
-    guard_refusals: tuple[Any, ...] = ()
 
     @property
     def reported_ms(self) -> float:

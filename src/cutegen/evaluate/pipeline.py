@@ -38,7 +38,7 @@ from cutegen.evaluate.correctness import (
 )
 from cutegen.evaluate.jobs import candidate_job
 from cutegen.evaluate.messages import (
-    BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
+    AfterImport, BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
     WarmupReply, WeightsReply,
 )
 from cutegen.evaluate.service import Evaluator
@@ -625,11 +625,12 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     return data
 
 
-def _judge_integrity(run: VerdictBuilder, data: Any) -> None:
+def _judge_integrity(run: VerdictBuilder, data: dict[str, Any] | AfterImport) -> None:
     """Global state and threads must be as they were before the candidate's import (`data`: a reply,
     as a dict or a typed record of messages.py)."""
-    if not isinstance(data, dict):
-        data = {key: list(getattr(data, key)) for key in ("guard_refusals", "state_changes", "new_threads")}
+    if isinstance(data, AfterImport):
+        data = {"guard_refusals": data.guard_refusals, "state_changes": data.state_changes,
+                "new_threads": data.new_threads}
     run.note_run("global_state_changes", "new_threads")
     if data.get("guard_refusals"):
         refused = "; ".join(str(r) for r in data["guard_refusals"][:5])
