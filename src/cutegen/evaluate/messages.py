@@ -125,6 +125,16 @@ class ExportReply:
         return cls({int(key): value for key, value in outputs.items()})
 
 
+def _objects(data: dict[str, Any], key: str, fields: dict[str, type], problem: str) -> tuple[dict[str, Any], ...]:
+    """`data[key]` as a tuple of objects, each holding `fields` of their types; ReplyMalformed(problem)
+    for anything else."""
+    values = data.get(key)
+    if not isinstance(values, list) or not all(
+            isinstance(v, dict) and all(isinstance(v.get(name), kind) for name, kind in fields.items()) for v in values):
+        raise ReplyMalformed(problem)
+    return tuple(values)
+
+
 def _seconds(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ReplyMalformed(f"{what} holds {value!r}: a duration must be a finite number of seconds >= 0")
@@ -145,15 +155,12 @@ class BuildReply(AfterImport):
         data = _object(data, "a build reply")
         if not isinstance(data.get("model_new"), bool):
             raise ReplyMalformed("model_new must be true or false")
-        kernels = data.get("kernels")
-        if not isinstance(kernels, list) or not all(
-                isinstance(k, dict) and isinstance(k.get("name"), str) and isinstance(k.get("cached"), bool)
-                for k in kernels):
-            raise ReplyMalformed("kernels must be a list of objects, each with a name and whether it was cached")
+        kernels = _objects(data, "kernels", {"name": str, "cached": bool},
+                           "kernels must be a list of objects, each with a name and whether it was cached")
         for kernel in kernels:
             if kernel.get("compile_s") is not None:
                 _seconds(kernel["compile_s"], "a kernel's compile_s")
-        return cls(data["model_new"], tuple(kernels), _seconds(data.get("build_s"), "build_s"), **_integrity(data))
+        return cls(data["model_new"], kernels, _seconds(data.get("build_s"), "build_s"), **_integrity(data))
 
 
 @dataclass(frozen=True)
@@ -199,16 +206,13 @@ class TrialReply(AfterImport):
         prints = data.get("fingerprints")
         if prints is not None and (not isinstance(prints, list) or not all(isinstance(p, str) for p in prints)):
             raise ReplyMalformed("fingerprints must be a list of strings")
-        findings = data.get("findings")
-        if not isinstance(findings, list) or not all(
-                isinstance(f, dict) and isinstance(f.get("check"), str) and isinstance(f.get("message"), str)
-                for f in findings):
-            raise ReplyMalformed("findings must be a list of objects, each with a check and a message")
+        findings = _objects(data, "findings", {"check": str, "message": str},
+                            "findings must be a list of objects, each with a check and a message")
         mutated = data.get("mutated")
         if not isinstance(mutated, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mutated):
             raise ReplyMalformed("mutated must be a list of input indices")
         return cls(_descriptor(data, "outputs", optional=True), None if prints is None else tuple(prints),
-                   tuple(findings), tuple(mutated), **_integrity(data))
+                   findings, tuple(mutated), **_integrity(data))
 
 
 @dataclass(frozen=True)
