@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src")]
 
-from judge_h200 import write  # noqa: E402
+from judge_h200 import result_row, write  # noqa: E402
 
 from cutegen.tasks import source_sha256  # noqa: E402
 
@@ -38,14 +38,9 @@ def rows_of(verdicts: list[tuple[int, dict]], source: str) -> list[dict]:
         path = CUDA / f"level_{level}_problem_{problem}_sample_0_kernel.py"
         if not path.exists() or source_sha256(path.read_text()) != record["candidate_sha256"]:
             continue
-        checks = record.get("checks") or []
-        timing = record.get("timing") or {}
-        rows.append({"file": str(path.relative_to(REPO)), "backend": record["backend"], "expected": "pass",
-                     "layer": "", "twin": None, "passed": record["passed"], "failure": record["failure"],
-                     "fired": [c["name"] for c in checks if not c["passed"] or c["name"] == "beat_work_bound"],
-                     "median_ms": timing.get("median_ms"), "parent_clock_ratio": record.get("parent_clock_ratio"),
-                     "gpu_s": record.get("gpu_s"), "beat_work_bound": bool(record.get("beat_work_bound")),
-                     "feedback": record["feedback"][:300], "source": source})
+        row = {"file": str(path.relative_to(REPO)), "backend": record["backend"], "expected": "pass", "layer": "",
+               "twin": None}
+        rows.append({**result_row(row, record), "source": source})
     return rows
 
 

@@ -32,6 +32,7 @@ from cutegen.config import EvalConfig  # noqa: E402
 from cutegen.evaluate.pipeline import evaluate_candidate  # noqa: E402
 from cutegen.evaluate.service import Evaluator  # noqa: E402
 from cutegen.manifest import machine_manifest  # noqa: E402
+from cutegen.records import to_json  # noqa: E402
 from cutegen.tasks import load_task  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -54,28 +55,28 @@ def plan(sections: list[str], kernelbench: Path | None) -> list[dict]:
                              "expected": "pass", "layer": "", "twin": None})
         elif section in ("cuda", "structure") and kernelbench is not None:
             for path in sorted((REPO / "bench" / "candidates" / section).glob("level_*.py")):
-                rows.append({"file": path, "task": kernelbench_task(path, kernelbench),
+                level, problem = re.match(r"level_(\d+)_problem_(\d+)_", path.name).groups()
+                rows.append({"file": path, "task": next((kernelbench / f"level{level}").glob(f"{problem}_*.py")),
                              "backend": header(path).get("backend", "cuda" if section == "cuda" else "torch"),
                              "expected": "pass", "layer": "", "twin": None})
     return rows
 
 
-def kernelbench_task(path: Path, kernelbench: Path) -> Path:
-    """The KernelBench task file of a candidate named level_L_problem_P_..."""
-    level, problem = re.match(r"level_(\d+)_problem_(\d+)_", path.name).groups()
-    return next((kernelbench / f"level{level}").glob(f"{problem}_*.py"))
-
-
 def judge(row: dict, base: EvalConfig, service: Evaluator) -> dict:
     config = replace(base, backend=row["backend"], guard=row["layer"] != "guard-off")
     verdict = evaluate_candidate(row["file"], load_task(row["task"]), config, service)
-    fired = [c.name for c in verdict.checks if not c.passed]
-    extra = [c.name for c in verdict.checks if c.name == "beat_work_bound"]
-    return {"file": str(row["file"].relative_to(REPO)), "backend": row["backend"], "expected": row["expected"],
-            "layer": row["layer"], "twin": row["twin"], "passed": verdict.passed, "failure": verdict.failure,
-            "fired": fired + extra, "median_ms": verdict.timing.median_ms if verdict.timing else None,
-            "parent_clock_ratio": verdict.parent_clock_ratio, "gpu_s": verdict.gpu_s,
-            "beat_work_bound": verdict.beat_work_bound, "feedback": verdict.feedback[:300]}
+    return result_row({**row, "file": str(row["file"].relative_to(REPO))}, to_json(verdict))
+
+
+def result_row(row: dict, record: dict) -> dict:
+    """A table row: the plan's file, backend, expected, layer and twin; the verdict record's (JSON) say."""
+    checks = record.get("checks") or []
+    fired = [c["name"] for c in checks if not c["passed"]] + [c["name"] for c in checks if c["name"] == "beat_work_bound"]
+    return {**{key: row[key] for key in ("file", "backend", "expected", "layer", "twin")},
+            "passed": record["passed"], "failure": record["failure"], "fired": fired,
+            "median_ms": (record.get("timing") or {}).get("median_ms"),
+            "parent_clock_ratio": record.get("parent_clock_ratio"), "gpu_s": record.get("gpu_s"),
+            "beat_work_bound": bool(record.get("beat_work_bound")), "feedback": record["feedback"][:300]}
 
 
 def outcome(result: dict, by_file: dict[str, dict]) -> str:
