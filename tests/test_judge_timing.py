@@ -151,6 +151,12 @@ def test_an_honest_slow_kernel_is_accepted_with_the_clocks_agreeing(service, con
     names = {c.name: c for c in verdict.checks}
     assert names["parent_clock"].passed and names["timed_outputs"].passed
     assert "3 timed outputs checked" in names["timed_outputs"].detail
+    # Where the lane's time went: settle's waits, and the reference's share of the timed outputs'
+    # comparisons, are parts of their steps (each at most the step's whole).
+    steps = dict(verdict.stage_s)
+    assert {"settle_closing", "settle_spares", "settle_reference_spare"} <= set(steps)
+    assert steps["settle_closing"] + steps["settle_spares"] + steps["settle_reference_spare"] <= steps["settle"] + 0.01
+    assert 0 < steps["timed_outputs_trial"] <= steps["timed_outputs"]
 
 
 @pytest.mark.parametrize("fixture, check", [("52_exit_in_timing", "worker_crashed"),

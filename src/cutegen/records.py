@@ -215,7 +215,9 @@ class Verdict:
     # lane seconds they took ahead, while the candidate built, counted in gpu_s), worker (waiting for
     # a warm worker), setup, build (import and load), quiet (waiting for spares' CUDA contexts),
     # weights, run_trial, compare, determinism, anticheat, ghost, settle, timing, timed_outputs,
-    # kernel_audit. gpu_s is the time the lane was held.
+    # kernel_audit. Parts of a step, not added to it again: settle_closing, settle_spares and
+    # settle_reference_spare (what settle waited for), timed_outputs_trial (the reference's making of
+    # the timed calls' trials). gpu_s is the time the lane was held.
     stage_s: tuple[tuple[str, float], ...] = ()
     # The names of the checks that judged this candidate, in the order they started: those in `checks`
     # and those that record nothing when they pass (each static check, the audit hook, the output types,

@@ -307,6 +307,16 @@ def _memory_attempts(run: VerdictBuilder, source: str, task: Task, config: EvalC
     return again
 
 
+def _settle(run: VerdictBuilder, worker: Any) -> None:
+    """`worker.settle()`, its seconds under "settle" and each of its waits under "settle_" + what it
+    waited for (ending workers, spares), which say where a lane's time goes between evaluations."""
+    started = time.perf_counter()
+    waits = worker.settle() or {}
+    run.timed("settle", started)
+    for what, seconds in waits.items():
+        run.add_s(f"settle_{what}", seconds)
+
+
 def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfig, lane: Any) -> None:
     ref = lane.ready_reference(task, config)
     for step, seconds in ref.seconds.items():
@@ -327,9 +337,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             run.note_run("worker_protocol", *(["guard_refused"] if config.guard else []))  # every reply, from here on
             calibration = None
             if config.do_timing:  # the parent's clock is calibrated while the worker is still the judge's alone
-                started = time.perf_counter()
-                worker.settle()
-                run.timed("settle", started)
+                _settle(run, worker)
                 calibration = _calibrate(run, call, config)
             lane.warm_spare()  # the next candidate's worker may now make its CUDA context (see Lane)
             _judge_build(run, _typed(call, BuildReply.parse, call("build", {"source": source})))
@@ -343,9 +351,7 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             timing = None
             if config.do_timing:
                 run.stage = "timing"
-                started = time.perf_counter()
-                worker.settle()
-                run.timed("settle", started)
+                _settle(run, worker)
                 timing = _timing_run(run, call, refcall, ref, config, calibration)
                 # Either view of the times under the bound gets the strongest verification.
                 fastest = min(timing["times_ms"], _counted(timing, calibration)["times_ms"],
@@ -597,6 +603,7 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int) -> di
         data["export_ms"].append((time.perf_counter() - began) * 1e3)
         for i in chosen:
             compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[i]}, step="timed_outputs")
+            call.run.add_s("timed_outputs_trial", compared.get("trial_s", 0.0))  # (the reference's: its trial)
             data["validated"].append({"trial": done + i, "errors": compared["errors"],
                                       "precision": compared.get("precision")})
         call("release", step="timed_outputs")

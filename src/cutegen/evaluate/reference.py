@@ -307,9 +307,11 @@ class ReferenceSession:
         seed = int(payload["seed"])
         plan = {"seed": seed, "weight": 0, "adversarial": False}
         index = len(self.trials)
+        started = time.perf_counter()
         self.trials.append(self._fresh_trial(plan))
+        trial_s = time.perf_counter() - started  # the rest of the reply's time is the comparison's
         try:
-            return self.compare({"trial": index, "outputs": payload["outputs"]})
+            return {**self.compare({"trial": index, "outputs": payload["outputs"]}), "trial_s": trial_s}
         finally:
             self.trials.pop()
             self.deltas.pop(index, None)

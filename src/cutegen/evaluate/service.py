@@ -327,17 +327,19 @@ class Lane:
             worker.settle = self.settle
             yield worker
 
-    def settle(self) -> None:
+    def settle(self) -> dict[str, float]:
         """Wait until no worker of this lane is starting (see WorkerPool._settle), the reference
-        spare included."""
+        spare included; the seconds of each wait, by what was waited for."""
 
-        self.pool._settle(0)
+        waits = self.pool._settle(0)
         spare = self.reference_spare
+        started = time.perf_counter()
         if spare is not None and not self.pool._spares_apart():
             try:
                 spare.wait_started()
             except (ToolchainError, WorkerDied):
                 self.reference_spare = None
+        return {**waits, "reference_spare": time.perf_counter() - started}
 
     def warm_spare(self, younger: bool = True) -> None:
         self.pool.warm_spare(younger=younger)

@@ -45,7 +45,12 @@ class VerdictBuilder:
 
     def timed(self, step: str, started: float) -> None:
         """Add the wall seconds of one step since `started` (a time.perf_counter() value)."""
-        self.stage_s[step] = self.stage_s.get(step, 0.0) + time.perf_counter() - started
+        self.add_s(step, time.perf_counter() - started)
+
+    def add_s(self, step: str, seconds: float) -> None:
+        """Add `seconds` to a step's (one the parent measured, or a part of one that a process of the
+        judge's timed: the reference's share of a comparison)."""
+        self.stage_s[step] = self.stage_s.get(step, 0.0) + seconds
 
     def add(self, check: CheckResult) -> None:
         self.checks.append(check)

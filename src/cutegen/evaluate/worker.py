@@ -212,7 +212,8 @@ class Worker:
         self._warm_sent = False
         self._context_made = False  # the warm-up's first reply came: the CUDA context exists
         self.closed = False
-        self.settle: Callable[[], None] = lambda: None  # set by the pool: see WorkerPool.worker
+        # set by the pool (see WorkerPool.worker): waits, and says the seconds of each wait
+        self.settle: Callable[[], dict[str, float]] = lambda: {}
         self.quiet: Callable[[], None] = lambda: None  # likewise
 
     def pin(self, cpus: tuple[int, ...] | None) -> None:
@@ -379,12 +380,9 @@ class Worker:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def close(self) -> None:
-        """End a worker that finished its job (asking first, then killing what is left)."""
-        if not self.closed and self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.conn.send_bytes(b'{"command": "exit"}')
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=5.0)
+        """End a worker that finished its job: killed at once (`kill`). Asking it to exit would run the
+        interpreter's shutdown first, a candidate's atexit handlers and finalizers among it, and the
+        lane waits for a closing worker before it times anything (`WorkerPool._settle`)."""
         self.kill()
 
 
@@ -517,11 +515,14 @@ class WorkerPool:
             self.device_info = spare.wait_ready()
         return self.device_info
 
-    def _settle(self, slot: int) -> None:
+    def _settle(self, slot: int) -> dict[str, float]:
         """Wait until the slot's new spare has finished what it is doing (importing torch; creating
         its CUDA context, when its warm-up was asked for), so that no start-up work shares the GPU or
-        the CPUs with a timing measurement."""
+        the CPUs with a timing measurement. Returns the seconds waited for ending workers
+        ("closing") and for the spares ("spares")."""
+        started = time.perf_counter()
         self.wait_closed()
+        closed = time.perf_counter()
 
         def settled(spare: Worker) -> None:
             if not self._spares_apart():
@@ -530,6 +531,7 @@ class WorkerPool:
                 spare.wait_ready()
 
         self._each_spare(slot, settled)
+        return {"closing": closed - started, "spares": time.perf_counter() - closed}
 
     def _quiet(self, slot: int) -> None:
         """Wait until no spare of the slot is creating its CUDA context: a job's churn takes all free
