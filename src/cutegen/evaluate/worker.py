@@ -516,10 +516,15 @@ class WorkerPool:
         return self.device_info
 
     def _settle(self, slot: int) -> dict[str, float]:
-        """Wait until the slot's new spare has finished what it is doing (importing torch; creating
-        its CUDA context, when its warm-up was asked for), so that no start-up work shares the GPU or
-        the CPUs with a timing measurement. Returns the seconds waited for ending workers
-        ("closing") and for the spares ("spares")."""
+        """Wait until no start-up work shares the GPU, or the timed worker's CPUs, with a measurement:
+        ending workers gone, the slot's spares' CUDA contexts made where their warm-up was asked for,
+        and their torch imports done where they start on the same cores. Returns the seconds waited
+        for ending workers ("closing") and for the spares ("spares").
+
+        A spare's profiler load may go on (`_warm_profiler`: 3.5 s of CPU on the spares' cores, one
+        4-byte kernel): waiting for it took 3.2 s of an evaluation's 8 on the H200 (part M of
+        bench/results). Its one kernel can cost one timed call a context switch, which only makes
+        that call slower, and a batch's median does not move for one call."""
         started = time.perf_counter()
         self.wait_closed()
         closed = time.perf_counter()
@@ -527,8 +532,7 @@ class WorkerPool:
         def settled(spare: Worker) -> None:
             if not self._spares_apart():
                 spare.wait_started()
-            if spare._warm_sent:
-                spare.wait_ready()
+            spare.wait_context()
 
         self._each_spare(slot, settled)
         return {"closing": closed - started, "spares": time.perf_counter() - closed}
