@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from cutegen.evaluate.compare import compare_outputs  # noqa: E402
 from cutegen.evaluate.transfer import export_outputs, open_outputs  # noqa: E402
+from cutegen.manifest import machine_manifest  # noqa: E402
 from cutegen.evaluate.correctness import (build_model, exact_model, make_inputs, precision_basis,  # noqa: E402
                                           run_reference)
 
@@ -109,12 +110,14 @@ def main() -> None:
     rows = {name: round(statistics.median(v), 3) for name, v in parts.items()}
     props = torch.cuda.get_device_properties(0)
     args.out.mkdir(parents=True, exist_ok=True)
+    manifest = machine_manifest()
     (args.out / "timed-compare-h200.json").write_text(json.dumps({"task": args.task.name, "device": props.name,
-                                                                  "torch": torch.__version__, "seconds": parts},
-                                                                 indent=1))
+                                                                  "torch": torch.__version__, "seconds": parts,
+                                                                  "manifest": manifest}, indent=1))
     lines = [f"# One timed call's check, part by part: {args.task.name}", "",
              f"{props.name}, torch {torch.__version__}; median of {args.repeats} each.", "",
-             "| part | seconds |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows.items()]]
+             "| part | seconds |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows.items()], "",
+             "```json", json.dumps(manifest, indent=1), "```"]
     (args.out / "timed-compare-h200.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
