@@ -23,7 +23,8 @@ sys.path[:0] = [str(REPO / "src")]
 
 import torch  # noqa: E402
 
-from cutegen.evaluate.compare import compare_outputs  # noqa: E402
+from cutegen.evaluate.checks_dynamic import check_nonfinite  # noqa: E402
+from cutegen.evaluate.compare import compare_outputs, compare_precision, first_mismatches  # noqa: E402
 from cutegen.evaluate.transfer import export_outputs, open_outputs  # noqa: E402
 from cutegen.manifest import machine_manifest  # noqa: E402
 from cutegen.evaluate.correctness import (build_model, exact_model, make_inputs, precision_basis,  # noqa: E402
@@ -95,12 +96,19 @@ def main() -> None:
             parts.setdefault(prefix + "draw inputs", []).append(took)
             took, (ref, _) = seconds(lambda: run_reference(model, inputs, device, device))
             parts.setdefault(prefix + "reference forward", []).append(took)
-            took, _ = seconds(lambda: precision_basis(model64, inputs, ref, device, 7 + k))
+            took, (basis, _) = seconds(lambda: precision_basis(model64, inputs, ref, device, 7 + k))
             parts.setdefault(prefix + "float64 basis (3 forwards)", []).append(took)
-            candidate = ref.clone()
+            # An honest candidate's output: the reference's, off by a few ulps (another summation order).
+            candidate = ref * (1 + 2e-7 * torch.randn_like(ref))
             took, _ = seconds(lambda: compare_outputs(candidate, ref, 1e-4, 1e-4))
             parts.setdefault(prefix + "compare_outputs", []).append(took)
-            del inputs, ref, candidate
+            took, _ = seconds(lambda: check_nonfinite(candidate, ref))
+            parts.setdefault(prefix + "check_nonfinite", []).append(took)
+            took, _ = seconds(lambda: list(first_mismatches(candidate, ref, 1e-4, 1e-4)))
+            parts.setdefault(prefix + "first_mismatches", []).append(took)
+            took, _ = seconds(lambda: compare_precision(candidate, ref, basis, 1e-4, 1e-4))
+            parts.setdefault(prefix + "compare_precision", []).append(took)
+            del inputs, ref, candidate, basis
     with torch.no_grad():
         shape = list(model(*make_inputs(module, 1, None, device, device)).shape)
     torch.cuda.empty_cache()
