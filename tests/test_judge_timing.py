@@ -20,7 +20,8 @@ from cutegen.evaluate.clock import (
     overhead_per_call_ms,
 )
 from cutegen.evaluate.messages import (
-    BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
+    AnticheatReply, BuildReply, CalibrationReply, DeterminismReply, ExportReply, GhostRunReply, KernelAuditReply,
+    ReplyMalformed, TimedBatchReply, TrialReply,
     WarmupReply, WeightsReply,
 )
 from cutegen.evaluate.pipeline import evaluate_candidate
@@ -264,6 +265,83 @@ def test_a_build_and_a_weights_reply_read_into_their_records():
                               "build_s": 1.5, "new_threads": []})
     assert built.model_new and built.kernels[0]["name"] == "k" and built.build_s == 1.5
     assert WeightsReply.parse({"weights": [{"w": "ab12"}]}, 1).weights == ({"w": "ab12"},)
+
+
+ERRORS = {"max_abs_error": 0.0, "max_rel_error": 0.0, "rel_l2_error": 0.0, "mismatched_elements": 0,
+          "total_elements": 8, "atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.mark.parametrize("parse, reply, problem", [
+    (DeterminismReply.parse, {"errors": ERRORS}, "bitwise must be true or false"),
+    (DeterminismReply.parse, {"bitwise": True}, "errors must be an object"),
+    (DeterminismReply.parse, {"bitwise": True, "errors": {**ERRORS, "max_abs_error": float("nan")}},
+     "errors.max_abs_error holds nan"),
+    (DeterminismReply.parse, {"bitwise": True, "errors": {**ERRORS, "mismatched_elements": -1}},
+     "errors.mismatched_elements holds -1: a count"),
+    (DeterminismReply.parse, {"bitwise": True, "errors": {**ERRORS, "mismatched_elements": 0.5}},
+     "errors.mismatched_elements holds 0.5: a count"),
+    (DeterminismReply.parse, {"bitwise": True, "errors": {k: v for k, v in ERRORS.items() if k != "atol"}},
+     "errors must hold"),
+    (DeterminismReply.parse, {"bitwise": True, "errors": {**ERRORS, "passed": True}}, "errors must hold"),
+    (AnticheatReply.parse, {"ops": ["aten::empty"]}, "both its ops and the disallowed ones, or neither"),
+    (AnticheatReply.parse, {"ops": ["aten::empty"], "disallowed_ops": "none"}, "disallowed_ops must be a list"),
+    (AnticheatReply.parse, {"ops": [1], "disallowed_ops": []}, "ops must be a list of names"),
+    (KernelAuditReply.parse, {}, "kernels must be an object"),
+    (KernelAuditReply.parse, {"kernels": {"own_kernels": ["k"]}}, "library_kernels must be a list"),
+    (KernelAuditReply.parse, {"kernels": {"own_kernels": "k", "library_kernels": []}}, "own_kernels must be a list"),
+])
+def test_a_determinism_or_audit_reply_that_is_not_the_protocols_is_refused_by_name(parse, reply, problem):
+    """The determinism run and the audits are computed in the candidate's process: a reply missing a
+    field (say, a determinism record without its errors, or an audit that reports its ops but not the
+    disallowed ones) is the protocol broken, never a passing check nor a crash of the evaluation."""
+    with pytest.raises(ReplyMalformed, match=re.escape(problem)):
+        parse(reply)
+
+
+def test_determinism_and_audit_replies_read_into_what_their_checks_judge():
+    from cutegen.evaluate.anticheat import judge_dynamic_checks
+    from cutegen.evaluate.correctness import judge_determinism
+
+    same = DeterminismReply.parse({"bitwise": False, "errors": {**ERRORS, "max_abs_error": float("inf"),
+                                                                "mismatched_elements": 3}, "new_threads": ["t"]})
+    assert same.new_threads == ("t",) and same.errors.mismatched_elements == 3
+    assert not judge_determinism({"errors": same.errors, "bitwise": same.bitwise}).passed
+    assert AnticheatReply.parse({}).checked() == {}  # the op audit does not apply to the backend
+    audit = AnticheatReply.parse({"ops": ["aten::empty", "aten::mm"], "disallowed_ops": ["aten::mm"]})
+    kernels = KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": ["sgemm"], "skipped": None}})
+    checks = {c.name: c for c in judge_dynamic_checks({**audit.checked(), **kernels.checked()}, "cute")}
+    assert not checks["disallowed_ops"].passed and "aten::mm" in checks["disallowed_ops"].detail
+    assert not checks["audit_kernels"].passed and "sgemm" in checks["audit_kernels"].detail
+
+
+def test_a_determinism_reply_without_its_errors_is_the_protocol_broken_not_a_crash_of_the_evaluation():
+    """A worker that answers the determinism run with `bitwise: true` alone gets `worker_protocol`
+    (before, the parent's judge raised a KeyError and the evaluation ended without a verdict)."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import pipeline
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    class Worker:
+        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
+
+        def __call__(self, command, payload=None, step=None):
+            if command == "determinism":
+                return {"bitwise": True}
+            return {"weights": []} if command == "weights" else {"outputs": {"leaves": []}, "findings": [],
+                                                                  "mutated": []}
+
+    ref = SimpleNamespace(data={"weights": [], "trials": [], "atol": 1e-5, "rtol": 1e-5})
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(pipeline, "_trial_payload", lambda ref, index: {"trial": index})
+    call = Worker()
+    try:
+        with pytest.raises(Stop):
+            pipeline._correctness_stage(call.run, call, lambda *a, **k: {}, ref, EvalConfig(device="cpu",
+                                                                                             backend="torch"))
+    finally:
+        monkey.undo()
+    assert call.run.failure == "worker_protocol" and "errors must be an object" in call.run.feedback
 
 
 def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_the_evaluation():

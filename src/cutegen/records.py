@@ -156,6 +156,8 @@ class ErrorStats:
     # float64 result than the reference itself is, plus that tolerance (compare.compare_outputs).
     within_reference_error: int = 0
 
+    COUNTS: typing.ClassVar[tuple[str, ...]] = ("mismatched_elements", "total_elements", "within_reference_error")
+
 
 @dataclass(frozen=True)
 class TimingStats:

@@ -496,11 +496,10 @@ def aggregate_errors(stats: Sequence[ErrorStats]) -> ErrorStats | None:
     )
 
 
-_COUNTS = ("mismatched_elements", "total_elements", "within_reference_error")
 
 
 def error_stats(data: Any) -> ErrorStats:
-    return ErrorStats(**{k: (int(v) if k in _COUNTS else float(v)) for k, v in data.items()})
+    return ErrorStats(**{k: (int(v) if k in ErrorStats.COUNTS else float(v)) for k, v in data.items()})
 
 
 def _describe_trial(entry: dict[str, Any], count: int) -> str:

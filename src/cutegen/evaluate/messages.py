@@ -7,17 +7,24 @@ an export of timed outputs that names other calls than the parent chose would ha
 compare outputs the parent did not pick; a trial's reply without its lists would end the evaluation
 in an error instead of a verdict. So the parent reads them into these records (the build, the weights'
 fingerprints, the calibration, the warm-up, each timed batch, each export of timed outputs, each
-correctness trial, each ghost run), and a reply that does not fit is the protocol broken
-(`worker_protocol`), never a measurement nor a crash of the evaluation. The remaining replies (the
-determinism, op-audit and kernel-audit results) are read by the checks that judge them
-(checks_dynamic) and stay plain data.
+correctness trial, each ghost run, the determinism run, the op audit and the kernel audit), and a reply
+that does not fit is the protocol broken (`worker_protocol`), never a measurement nor a crash of the
+evaluation.
+
+The determinism run and the two audits are computed in the candidate's process, so native code can
+forge a passing record of them: they are evidence beside the checks the parent makes itself (the
+reference process compares every trial's and the chosen timed calls' outputs), never the only check
+of a property (EVALUATION.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+from cutegen.evaluate.correctness import error_stats
+from cutegen.records import ErrorStats
 
 
 class ReplyMalformed(ValueError):
@@ -247,3 +254,84 @@ class TimedBatchReply(AfterImport):
         data = _object(data, "a batch reply")
         return cls(_times(data, "times_ms", calls), _times(data, "stream_ms", calls, optional=True),
                    _times(data, "idle_ms", calls, optional=True), **_integrity(data))
+
+
+def _strings(data: dict[str, Any], key: str) -> tuple[str, ...]:
+    values = data.get(key)
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ReplyMalformed(f"{key} must be a list of names")
+    return tuple(values)
+
+
+def _error_stats(data: Any) -> ErrorStats:
+    """compare.compare_outputs's statistics as the worker sends them: every field, counts as whole
+    numbers >= 0 and errors as numbers >= 0 (infinite where an output is not finite; never NaN)."""
+    data = _object(data, "errors")
+    names = {f.name for f in fields(ErrorStats)}
+    required = {f.name for f in fields(ErrorStats) if f.name != "within_reference_error"}
+    if not required <= set(data) <= names:
+        raise ReplyMalformed(f"errors must hold {sorted(required)}, not {sorted(data)}")
+    for name, value in data.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in ErrorStats.COUNTS and not (number and float(value).is_integer() and value >= 0):
+            raise ReplyMalformed(f"errors.{name} holds {value!r}: a count of elements")
+        if not number or math.isnan(value) or value < 0:
+            raise ReplyMalformed(f"errors.{name} holds {value!r}: an error must be a number >= 0")
+    return error_stats(data)
+
+
+@dataclass(frozen=True)
+class DeterminismReply(AfterImport):
+    """The answer to `determinism` (runner.determinism): the candidate twice on identical inputs, its
+    two outputs compared by the tight rule, and whether they are bitwise equal."""
+
+    bitwise: bool
+    errors: ErrorStats
+
+    @classmethod
+    def parse(cls, data: Any) -> "DeterminismReply":
+        data = _object(data, "a determinism reply")
+        if not isinstance(data.get("bitwise"), bool):
+            raise ReplyMalformed("bitwise must be true or false")
+        return cls(data["bitwise"], _error_stats(data.get("errors")), **_integrity(data))
+
+
+@dataclass(frozen=True)
+class AnticheatReply(AfterImport):
+    """The answer to `anticheat` (runner.anticheat): the aten ops of one forward and those the backend
+    disallows, both None where the op audit does not apply to the backend."""
+
+    ops: tuple[str, ...] | None
+    disallowed_ops: tuple[str, ...] | None
+
+    @classmethod
+    def parse(cls, data: Any) -> "AnticheatReply":
+        data = _object(data, "an op audit's reply")
+        if ("ops" in data) != ("disallowed_ops" in data):
+            raise ReplyMalformed("an op audit reports both its ops and the disallowed ones, or neither")
+        if "ops" not in data:
+            return cls(None, None, **_integrity(data))
+        return cls(_strings(data, "ops"), _strings(data, "disallowed_ops"), **_integrity(data))
+
+    def checked(self) -> dict[str, Any]:
+        """The audit as anticheat.judge_dynamic_checks reads it."""
+        return {} if self.ops is None else {"ops": list(self.ops), "disallowed_ops": list(self.disallowed_ops or ())}
+
+
+@dataclass(frozen=True)
+class KernelAuditReply(AfterImport):
+    """The answer to `kernel_audit` (runner.kernel_audit, checks_dynamic.audit_kernels): the kernels one
+    forward launched, sorted into the candidate's own and the libraries'."""
+
+    own_kernels: tuple[str, ...]
+    library_kernels: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, data: Any) -> "KernelAuditReply":
+        data = _object(data, "a kernel audit's reply")
+        kernels = _object(data.get("kernels"), "kernels")
+        return cls(_strings(kernels, "own_kernels"), _strings(kernels, "library_kernels"), **_integrity(data))
+
+    def checked(self) -> dict[str, Any]:
+        """The audit as anticheat.judge_dynamic_checks reads it."""
+        return {"kernels": {"own_kernels": list(self.own_kernels), "library_kernels": list(self.library_kernels)}}

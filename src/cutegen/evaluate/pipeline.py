@@ -38,8 +38,8 @@ from cutegen.evaluate.correctness import (
 )
 from cutegen.evaluate.jobs import candidate_job
 from cutegen.evaluate.messages import (
-    AfterImport, BuildReply, CalibrationReply, ExportReply, GhostRunReply, ReplyMalformed, TimedBatchReply, TrialReply,
-    WarmupReply, WeightsReply,
+    AfterImport, AnticheatReply, BuildReply, CalibrationReply, DeterminismReply, ExportReply, GhostRunReply,
+    KernelAuditReply, ReplyMalformed, TimedBatchReply, TrialReply, WarmupReply, WeightsReply,
 )
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
@@ -368,7 +368,9 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             # judged first, as it can void the timing.
             if applies("audit_kernels", config.backend) and config.device == "cuda":
                 run.stage = "anticheat"
-                _judge_anticheat(run, call("kernel_audit", _trial_payload(ref, 0)), config)
+                kernels = _typed(call, KernelAuditReply.parse, call("kernel_audit", _trial_payload(ref, 0)))
+                _judge_integrity(run, kernels)
+                _judge_anticheat(run, kernels.checked(), config)
             if timing is not None:
                 run.stage = "timing"
                 _judge_timing(run, timing, calibration, task, config, ref, ref.data["dtype"])
@@ -482,9 +484,10 @@ def _correctness_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, c
                         f"consulted in {exact_used} of {len(stats)} trials (where the plain rule failed)"
                         + (f", its rounding drawn again in {slack_used}" if slack_used else "")))
     first = _trial_payload(ref, 0)
-    determinism = call("determinism", {**first, "atol": ref.data["atol"], "rtol": ref.data["rtol"]})
+    determinism = _typed(call, DeterminismReply.parse,
+                         call("determinism", {**first, "atol": ref.data["atol"], "rtol": ref.data["rtol"]}))
     _judge_integrity(run, determinism)
-    result = judge_determinism(determinism)
+    result = judge_determinism({"errors": determinism.errors, "bitwise": determinism.bitwise})
     if not result.passed:
         run.fail_check(result, result.detail)
     run.add(result)
@@ -520,7 +523,9 @@ def _anticheat_stage(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, con
     (checks_dynamic.ghost_probe states it): the reference process draws fresh perturbations of trial
     0's inputs and keeps the masks of the reference's outputs they move; the candidate's worker runs
     each perturbation; the reference process judges."""
-    data = call("anticheat", _trial_payload(ref, 0))
+    audit = _typed(call, AnticheatReply.parse, call("anticheat", _trial_payload(ref, 0)))
+    _judge_integrity(run, audit)
+    data = audit.checked()
     tol = max(ref.data["atol"], ref.data["rtol"])
     plan = refcall("ghost_plan", {"tol": tol}, step="ghost")["plan"]
     data["ghost"] = None
@@ -665,11 +670,12 @@ def _judge_build(run: VerdictBuilder, data: BuildReply) -> None:
 
 
 def _judge_anticheat(run: VerdictBuilder, data: dict[str, Any], config: EvalConfig) -> None:
+    """The dynamic checks' results (`data`: the audits' typed replies, `checked()`, and the ghost probe's
+    finding), after the replies' integrity lists were judged."""
     for check in judge_dynamic_checks(data, config.backend):
         if not check.passed:
             run.fail_check(check, f"Anti-cheat check {check.name} failed: {check.detail}")
         run.add(check)
-    _judge_integrity(run, data)
 
 
 def _judge_validated(run: VerdictBuilder, validated: list[dict[str, Any]], what: str) -> None:
