@@ -606,6 +606,69 @@ def test_origins_tell_equal_code_apart_by_identity(tmp_path):
     assert origins.of(copied) == guard.CANDIDATE
 
 
+def test_import_folders_are_the_paths_folders_that_hold_nothing_of_the_candidates(tmp_path, monkeypatch):
+    """sys.path's folders outside the site folders (a PYTHONPATH install folder, a distribution's
+    dist-packages) hold installed code; a folder that holds the scratch directory, the candidate's file
+    or the working directory, or lies inside one, is not among them (its code would be trusted)."""
+    lib, outer, work = tmp_path / "dist-packages", tmp_path / "outer", tmp_path / "work"
+    scratch, home = outer / "scratch", tmp_path / "candidates"
+    for folder in (lib, scratch, work, home):
+        folder.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", ["", str(lib), str(outer), str(scratch), str(home), str(work),
+                                      str(tmp_path / "missing"), str(tmp_path / "python3.zip")])
+    assert guard.import_folders(scratch, home / "candidate.py") == [str(lib) + os.sep]
+    where = guard.places(scratch, candidate_file=home / "candidate.py")
+    assert guard.location(str(lib / "setuptools" / "__init__.py"), where) == guard.TRUSTED
+    assert guard.location(str(outer / "helper.py"), where) == guard.CANDIDATE
+    assert guard.location(str(home / "candidate.py"), where) == guard.CANDIDATE
+
+
+def test_installed_code_on_pythonpath_acts_as_trusted_and_a_folder_added_later_does_not(tmp_path):
+    """Setuptools' distutils finder, installed in a folder that was only on PYTHONPATH, read frames and
+    changed a class's bases when torch's extension builder imported it for a `load_inline` candidate;
+    counted as the candidate's, that failed every such import on the H200. Now such a folder's code
+    acts as trusted, while the same module in the candidate's scratch directory, or in a folder the
+    candidate puts on sys.path, stays the candidate's."""
+    lib, later, scratch = tmp_path / "installed", tmp_path / "later", tmp_path / "scratch"
+    for folder in (lib, later, scratch):
+        folder.mkdir()
+    library = "import sys\nFRAME = sys._getframe(0).f_code.co_name\n"
+    (lib / "installed_lib.py").write_text(library)
+    (later / "later_lib.py").write_text(library)
+    (scratch / "own_lib.py").write_text(library)
+    (scratch / "candidate.py").write_text(textwrap.dedent(f"""
+        import sys
+        results = {{}}
+        for name in ("installed_lib", "own_lib", "later_lib"):
+            if name == "later_lib":
+                sys.path.append({str(later)!r})
+            try:
+                __import__(name)
+                results[name] = "ok"
+            except Exception as err:
+                results[name] = type(err).__name__
+    """))
+    candidate = str(scratch / "candidate.py")
+    script = textwrap.dedent(f"""
+        import importlib.util, json, sys
+        from cutegen.evaluate import guard
+        findings = guard.install({candidate!r}, {str(scratch)!r})
+        sys.path.insert(0, {str(scratch)!r})  # the candidate's own helper modules, as a worker finds them
+        spec = importlib.util.spec_from_file_location("candidate", {candidate!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        print(json.dumps({{"results": module.results, "findings": findings()}}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), str(REPO / "src")])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=scratch, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["results"] == {"installed_lib": "ok", "own_lib": "GuardRefused", "later_lib": "GuardRefused"}
+    assert len(out["findings"]) == 2 and all("sys._getframe: frame access" in f for f in out["findings"])
+
+
 def test_install_refuses_a_candidate_among_trusted_code(tmp_path):
     with pytest.raises(ValueError, match="among trusted code"):
         guard.install(REPO / "src" / "cutegen" / "candidate.py", tmp_path)
