@@ -496,8 +496,6 @@ def aggregate_errors(stats: Sequence[ErrorStats]) -> ErrorStats | None:
     )
 
 
-
-
 def error_stats(data: Any) -> ErrorStats:
     return ErrorStats(**{k: (int(v) if k in ErrorStats.COUNTS else float(v)) for k, v in data.items()})
 
