@@ -346,62 +346,45 @@ def test_determinism_and_audit_replies_read_into_what_their_checks_judge():
     assert not checks["audit_kernels"].passed and "sgemm" in checks["audit_kernels"].detail
 
 
-def test_a_determinism_reply_without_its_errors_is_the_protocol_broken_not_a_crash_of_the_evaluation():
+def _correctness_stage_against(monkeypatch, answer, trials: list[dict]):
+    """The correctness stage run against a worker whose reply to each command is `answer(command)`
+    (the reference answers every comparison with nothing); the record it judged."""
+    from types import SimpleNamespace
+
+    from cutegen.evaluate import pipeline
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    config = EvalConfig(device="cpu", backend="torch")
+
+    class Worker:
+        run = VerdictBuilder("t", "sha", config)
+
+        def __call__(self, command, payload=None, step=None):
+            return answer(command)
+
+    monkeypatch.setattr(pipeline, "_trial_payload", lambda ref, index: {"trial": index})
+    call = Worker()
+    ref = SimpleNamespace(data={"weights": [], "trials": trials, "atol": 1e-5, "rtol": 1e-5})
+    with pytest.raises(Stop):
+        pipeline._correctness_stage(call.run, call, lambda *a, **k: {}, ref, config)
+    return call.run
+
+
+def test_a_determinism_reply_without_its_errors_is_the_protocol_broken_not_a_crash_of_the_evaluation(monkeypatch):
     """A worker that answers the determinism run with `bitwise: true` alone gets `worker_protocol`
     (before, the parent's judge raised a KeyError and the evaluation ended without a verdict)."""
-    from types import SimpleNamespace
-
-    from cutegen.evaluate import pipeline
-    from cutegen.evaluate.verdict import Stop, VerdictBuilder
-
-    class Worker:
-        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
-
-        def __call__(self, command, payload=None, step=None):
-            if command == "determinism":
-                return {"bitwise": True}
-            return {"weights": []} if command == "weights" else {"outputs": {"leaves": []}, "findings": [],
-                                                                  "mutated": []}
-
-    ref = SimpleNamespace(data={"weights": [], "trials": [], "atol": 1e-5, "rtol": 1e-5})
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(pipeline, "_trial_payload", lambda ref, index: {"trial": index})
-    call = Worker()
-    try:
-        with pytest.raises(Stop):
-            pipeline._correctness_stage(call.run, call, lambda *a, **k: {}, ref, EvalConfig(device="cpu",
-                                                                                             backend="torch"))
-    finally:
-        monkey.undo()
-    assert call.run.failure == "worker_protocol" and "errors must be an object" in call.run.feedback
+    run = _correctness_stage_against(
+        monkeypatch, lambda command: {"bitwise": True} if command == "determinism" else {"weights": []}, [])
+    assert run.failure == "worker_protocol" and "errors must be an object" in run.feedback
 
 
-def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_the_evaluation():
+def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_the_evaluation(monkeypatch):
     """A worker that answers a correctness trial with only its outputs (no findings, no mutated inputs:
     the lists the worker-side checks fill) gives the verdict `worker_protocol`."""
-    from types import SimpleNamespace
-
-    from cutegen.evaluate import pipeline
-    from cutegen.evaluate.verdict import Stop, VerdictBuilder
-
-    class Worker:
-        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
-
-        def __call__(self, command, payload=None, step=None):
-            return {"weights": []} if command == "weights" else {"outputs": {"leaves": []}}
-
-    ref = SimpleNamespace(data={"weights": [], "trials": [{"index": 0, "skipped": False, "adversarial": False,
-                                                           "note": None}]})
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(pipeline, "_trial_payload", lambda ref, index: {"trial": index})
-    call = Worker()
-    try:
-        with pytest.raises(Stop):
-            pipeline._correctness_stage(call.run, call, lambda *a, **k: {}, ref, EvalConfig(device="cpu",
-                                                                                             backend="torch"))
-    finally:
-        monkey.undo()
-    assert call.run.failure == "worker_protocol" and "findings must be a list" in call.run.feedback
+    run = _correctness_stage_against(
+        monkeypatch, lambda command: {"weights": []} if command == "weights" else {"outputs": {"leaves": []}},
+        [{"index": 0, "skipped": False, "adversarial": False, "note": None}])
+    assert run.failure == "worker_protocol" and "findings must be a list" in run.feedback
 
 
 def test_well_formed_timing_replies_read_into_their_records():

@@ -142,6 +142,13 @@ def _objects(data: dict[str, Any], key: str, fields: dict[str, type], problem: s
     return tuple(values)
 
 
+def _flag(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key)
+    if not isinstance(value, bool):
+        raise ReplyMalformed(f"{key} must be true or false")
+    return value
+
+
 def _seconds(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ReplyMalformed(f"{what} holds {value!r}: a duration must be a finite number of seconds >= 0")
@@ -160,14 +167,13 @@ class BuildReply(AfterImport):
     @classmethod
     def parse(cls, data: Any) -> "BuildReply":
         data = _object(data, "a build reply")
-        if not isinstance(data.get("model_new"), bool):
-            raise ReplyMalformed("model_new must be true or false")
+        model_new = _flag(data, "model_new")
         kernels = _objects(data, "kernels", {"name": str, "cached": bool},
                            "kernels must be a list of objects, each with a name and whether it was cached")
         for kernel in kernels:
             if kernel.get("compile_s") is not None:
                 _seconds(kernel["compile_s"], "a kernel's compile_s")
-        return cls(data["model_new"], kernels, _seconds(data.get("build_s"), "build_s"), **_integrity(data))
+        return cls(model_new, kernels, _seconds(data.get("build_s"), "build_s"), **_integrity(data))
 
 
 @dataclass(frozen=True)
@@ -291,9 +297,7 @@ class DeterminismReply(AfterImport):
     @classmethod
     def parse(cls, data: Any) -> "DeterminismReply":
         data = _object(data, "a determinism reply")
-        if not isinstance(data.get("bitwise"), bool):
-            raise ReplyMalformed("bitwise must be true or false")
-        return cls(data["bitwise"], _error_stats(data.get("errors")), **_integrity(data))
+        return cls(_flag(data, "bitwise"), _error_stats(data.get("errors")), **_integrity(data))
 
 
 @dataclass(frozen=True)
