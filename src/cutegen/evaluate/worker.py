@@ -678,7 +678,8 @@ def _watch_parent(interval_s: float = 1.0) -> None:
 
 
 def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> None:
-    """The worker's loop: announce readiness, then run commands until "exit" or a closed channel."""
+    """The worker's loop: announce readiness, then run commands until the channel closes (the parent
+    ends a worker by killing it: Worker.close)."""
 
     _watch_parent()
     faulthandler.enable()  # a segfault in a candidate's library prints the Python stack to the log tail
@@ -702,8 +703,6 @@ def serve(fd: int, warm_profiler: bool = True, warm_compile: bool = False) -> No
         except EOFError:
             return
         command = message.get("command")
-        if command == "exit":
-            return
         if command == "warm":  # two replies: the CUDA context exists (Worker.wait_context), then warm
             warmed = time.perf_counter()
             for part in (_create_context, lambda: _warm(warm_profiler)):
