@@ -249,6 +249,19 @@ def test_nonfinite_ignores_nan_the_reference_has_too():
     ]
 
 
+def test_nonfinite_counts_a_chunk_at_a_time_with_the_same_answer(monkeypatch):
+    """Gigabyte outputs are counted in chunks (a whole mask summed as int64 took 12 GiB on the H200):
+    the count and the first element are those of the whole tensor, across chunk edges and strides."""
+    from cutegen.evaluate import checks_dynamic
+
+    monkeypatch.setattr(checks_dynamic, "NONFINITE_CHUNK", 7)
+    out, ref = torch.zeros(5, 6), torch.zeros(5, 6)
+    out[2, 3], out[3, 0], out[4, 5], ref[4, 5] = float("nan"), float("-inf"), float("inf"), float("inf")
+    assert check_nonfinite(out, ref) == ["output[0]: 2 NaN/Inf elements where the reference is finite (first at (2, 3))"]
+    assert check_nonfinite(out.t(), ref.t()) == [
+        "output[0]: 2 NaN/Inf elements where the reference is finite (first at (0, 3))"]
+
+
 @pytest.mark.parametrize("path", fixtures_caught_by("inputs_mutated"), ids=lambda p: p.stem)
 def test_inputs_mutated_catches(path):
     _, candidate, inputs, _ = setup(path)

@@ -309,8 +309,10 @@ def test_only_a_cuda_ipc_failure_sends_the_outputs_again_as_files(monkeypatch):
     """The reference's `IpcOpenError` makes the candidate's worker export the same outputs as files;
     the evaluator's later candidates export files from the start only where IPC never worked here.
     Any other failure of the reference (out of memory, say) is not a reason to switch: it stays a
-    failure of that comparison."""
+    failure of that comparison, the infrastructure verdict `reference_failed` (on the H200 it had
+    ended a whole `cutegen bench` run as an exception)."""
     from cutegen.evaluate.pipeline import _ReferenceCalls
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
 
     service = Evaluator("cpu")
     lane = service.lanes[0]
@@ -334,12 +336,15 @@ def test_only_a_cuda_ipc_failure_sends_the_outputs_again_as_files(monkeypatch):
 
         monkeypatch.setattr(_ReferenceCalls, "_send", send)
         ref = SimpleNamespace(memory_bytes=0)
-        return _ReferenceCalls(None, lane, ref, None, candidate_call), sent
+        return _ReferenceCalls(run, lane, ref, None, candidate_call), sent
 
+    run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
     call, sent = calls("OutOfMemoryError")
-    with pytest.raises(RuntimeError, match="OutOfMemoryError"):
+    with pytest.raises(Stop):
         call("compare", ipc)
     assert not reexported and service.transfer == "auto" and dropped == [True]
+    assert run.failure == "reference_failed" and run.fields.get("infrastructure") is True
+    assert "Not a verdict on the candidate" in run.feedback and "OutOfMemoryError" in run.feedback
 
     call, sent = calls("IpcOpenError")  # IPC never worked in this evaluator: files from now on
     assert call("compare", ipc) == {"errors": []}

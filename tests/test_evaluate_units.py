@@ -739,6 +739,37 @@ def test_the_candidates_ghost_run_churns_free_memory_before_the_candidate_runs(t
     assert events == ["churn", "candidate", "candidate"] and reply["perturbed"]["leaves"]
 
 
+
+def test_exports_are_let_go_and_their_files_deleted_once_the_reference_is_done(tmp_path, monkeypatch):
+    """A run's timed batches each export; the reference process lets go of those it does not compare
+    (`let_go`: a forged descriptor is refused as in a comparison), and the worker deletes its output
+    files at the next command: files kept to the worker's end fill a disk with gigabyte outputs."""
+    from cutegen.evaluate import reference as reference_module
+    from cutegen.evaluate.jobs import candidate_job, reference_job
+    from cutegen.evaluate.runner import CandidateSession
+    from cutegen.evaluate.transfer import TransferError
+
+    monkeypatch.setattr(reference_module, "_not_dumpable", lambda: None)  # this is the test's process
+    monkeypatch.chdir(tmp_path)  # the session exports outputs into its working directory
+    config = EvalConfig(device="cpu", backend="torch")
+    task = load_task(Path(__file__).resolve().parents[1] / "examples/tasks/swish_scale.py")
+    job = reference_job(task, config, trials=1, adversarial=0, weight_seeds=1, probe=False)
+    reference = reference_module.ReferenceSession(job)
+    made = reference.reference()
+    session = CandidateSession(candidate_job(task, config, job, made))
+    try:
+        inputs = session._inputs({"seed": job["trials"][0]["seed"]})
+        descriptor = session._export(session.module.Model(*session.init_inputs)(*inputs))
+        files = [Path(leaf["path"]) for leaf in descriptor["leaves"]]
+        assert files and all(path.is_file() for path in files)
+        reference.let_go({"outputs": descriptor})
+        with pytest.raises(TransferError):
+            reference.let_go({"outputs": {"leaves": [{**descriptor["leaves"][0], "shape": [1]}]}})
+        session.release()
+        assert not any(path.exists() for path in files) and session.export_files == []
+    finally:
+        session.close()
+
 def _one_trial_reference(monkeypatch, name: str):
     """A reference session of an example task, in this process, with one clean trial made."""
     from cutegen.evaluate import reference as reference_module

@@ -270,7 +270,8 @@ def test_a_build_and_a_weights_reply_read_into_their_records():
 def test_every_batch_exports_and_the_reference_compares_a_drawn_share_of_them():
     """Gigabyte outputs make 50-100 batches of one or two calls: the reference compares each batch's
     exported call with probability TIMED_CHECK_BUDGET / batches, and the last one when no other was;
-    every batch exports alike, so the worker cannot tell which were compared."""
+    every batch exports alike (each export is timed), and every export the reference does not compare
+    it lets go, or the worker's exported memory would stay held (48 GiB on the H200)."""
     from cutegen.evaluate import pipeline
     from cutegen.evaluate.verdict import VerdictBuilder
 
@@ -286,17 +287,22 @@ def test_every_batch_exports_and_the_reference_compares_a_drawn_share_of_them():
                 return {"outputs": {str(i): {"kind": "file"} for i in payload["calls"]}}
             return {}
 
+    def reference(asked):
+        return lambda command, *a, **k: asked.append(command) or {"errors": {}}
+
     for share, sizes, compared in [(0.0, [1] * 50, 1), (1.0, [2] * 5, 5), (0.0, [1], 1)]:
         worker, asked = Worker(), []
-        data = pipeline._timed_batches(worker, lambda *a, **k: asked.append(a) or {"errors": {}}, sizes, 1, share)
+        data = pipeline._timed_batches(worker, reference(asked), sizes, 1, share)
         assert worker.exports == len(sizes) and len(data["export_ms"]) == len(sizes)
-        assert len(asked) == len(data["validated"]) == compared
+        assert asked.count("compare_fresh") == len(data["validated"]) == compared
+        assert asked.count("let_go") == len(sizes) - compared  # every export is read, compared or not
         if share == 0.0:  # the last batch's call, the only one compared
-            assert data["validated"][0]["trial"] >= sum(sizes) - sizes[-1]
+            assert data["validated"][0]["trial"] >= sum(sizes) - sizes[-1] and asked[-1] == "compare_fresh"
     worker, asked = Worker(), []
     share = min(1.0, pipeline.TIMED_CHECK_BUDGET / 60)
-    pipeline._timed_batches(worker, lambda *a, **k: asked.append(a) or {"errors": {}}, [1] * 60, 1, share)
-    assert worker.exports == 60 and 1 <= len(asked) < 40  # about 12 (fewer than 40 but once in ~1e9 runs)
+    pipeline._timed_batches(worker, reference(asked), [1] * 60, 1, share)
+    assert worker.exports == 60 and len(asked) == 60
+    assert 1 <= asked.count("compare_fresh") < 40  # about 12 (fewer than 40 but once in ~1e9 runs)
 
 
 ERRORS = {"max_abs_error": 0.0, "max_rel_error": 0.0, "rel_l2_error": 0.0, "mismatched_elements": 0,

@@ -221,6 +221,9 @@ RUN = (
           "every attempt failed for memory or time while other processes shared the GPU: not the candidate's fault"),
     Check("transfer_space", INFRASTRUCTURE, WORKER,
           "the candidate's outputs did not fit on the working directory's disk as files: not the candidate's fault"),
+    Check("reference_failed", INFRASTRUCTURE, REFERENCE,
+          "the task's reference process failed in a command of its own (out of memory beside the candidate, say):"
+          " not a verdict on the candidate; the run goes on with a new reference process"),
     Check("environment_poisoned", INFRASTRUCTURE, CONFINEMENT,
           "a file the judge imports was changed by an earlier candidate on a machine without Landlock: nothing is"
           " judged until it is reinstalled"),

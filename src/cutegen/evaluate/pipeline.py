@@ -230,8 +230,14 @@ class _ReferenceCalls:
             if error.get("type") == "TransferError":
                 self.run.fail("output_transfer", f"The candidate's outputs could not be read: {error.get('message')}")
             self.lane.drop(self.ref)
-            raise RuntimeError(f"the reference process failed in {command}: {error.get('type')}:"
-                               f" {error.get('message')}\n{error.get('traceback', '')[-2000:]}")
+            # The judge's own process failed (out of memory beside a candidate that holds the rest, say):
+            # this evaluation says so and ends; the run goes on, and the task's next evaluation starts a
+            # new reference process.
+            self.run.set(infrastructure=True)
+            self.run.fail("reference_failed", f"Not a verdict on the candidate: the task's reference process failed"
+                          f" in {command} ({error.get('type')}: {str(error.get('message'))[:500]}). Evaluate the"
+                          " candidate again; if this repeats, the task's reference needs more device memory than"
+                          " is free beside the candidate.", detail=str(error.get("traceback", ""))[-2000:] or None)
         return reply["data"]
 
     def _send(self, command: str, payload: Any, step: str | None) -> dict[str, Any]:
@@ -587,8 +593,10 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
     """Timed batches of the given sizes (runner.timed_batch); after each has returned, the parent draws
     which `checks` of its calls to export (all of them when `checks` >= the batch) and whether the
     reference process compares them with its own outputs on the same inputs: with probability `share`,
-    and always for the last batch when no earlier one was compared. Every batch exports alike, so the
-    candidate's process cannot tell a compared batch from another (see TIMED_CHECK_BUDGET)."""
+    and always for the last batch when no earlier one was compared. Every batch exports alike, and its
+    export is timed, so work put off until the export costs every batch (clock.late_exports_ms), not
+    only the compared ones; an export not compared is let go (transfer.let_go) so that its memory is
+    freed."""
 
     data: dict[str, Any] = {"times_ms": [], "stream_ms": [], "idle_ms": [], "clocks": [], "export_ms": [],
                             "validated": []}
@@ -612,7 +620,10 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
                           chosen).outputs
         data["export_ms"].append((time.perf_counter() - began) * 1e3)
         compared_now = draw.random() < share or (number == len(sizes) - 1 and not data["validated"])
-        for i in chosen if compared_now else []:
+        for i in chosen:
+            if not compared_now:  # read and dropped all the same, or the worker's export stays held
+                refcall("let_go", {"outputs": exported[i]}, step="timed_outputs")
+                continue
             compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[i]}, step="timed_outputs")
             call.run.add_s("timed_outputs_trial", compared.get("trial_s", 0.0))  # (the reference's: its trial)
             data["validated"].append({"trial": done + i, "errors": compared["errors"],

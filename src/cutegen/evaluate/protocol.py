@@ -2,8 +2,8 @@
 
 A worker takes one role with its first job and keeps it:
 
-- a reference process (`reference`, then `compare`, `compare_fresh`, `ghost_plan`, `ghost_judge`, `baseline`,
-  `trim`; reference.py): the task's reference side, kept for every candidate of the task. Only a
+- a reference process (`reference`, then `compare`, `compare_fresh`, `let_go`, `ghost_plan`, `ghost_judge`,
+  `baseline`, `trim`; reference.py): the task's reference side, kept for every candidate of the task. Only a
   reusable job (a suite's baselines, `baselines.BaselineWorker`) may be followed by `release` and
   another task's `reference`;
 - a candidate's worker (`setup`, `calibrate` and `calibration_batch` before the candidate's import,
@@ -29,7 +29,7 @@ from cutegen.evaluate.reference import ReferenceSession
 from cutegen.evaluate.runner import CandidateSession, import_and_build
 from cutegen.evaluate.sol import measure_peaks
 
-REFERENCE_COMMANDS = ("compare", "compare_fresh", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
+REFERENCE_COMMANDS = ("compare", "compare_fresh", "let_go", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
                       "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "kernel_audit", "reexport", "release")
 

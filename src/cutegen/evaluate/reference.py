@@ -37,7 +37,7 @@ from cutegen.evaluate.correctness import (
 )
 from cutegen.evaluate.probe import trivial_solution_probe
 from cutegen.evaluate.timing import compile_reference, time_baseline
-from cutegen.evaluate.transfer import TransferError, open_outputs
+from cutegen.evaluate.transfer import TransferError, let_go, open_outputs
 from cutegen.records import to_json
 from cutegen.tasks import task_module
 
@@ -321,6 +321,12 @@ class ReferenceSession:
             # Back to the driver: the candidate's later batches need the room, and what a block may
             # still hold (this call's reference output) answers inputs that no later call gets.
             self._empty_cache()
+
+    def let_go(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A timed call's exported outputs that the parent chose not to compare: read as far as the
+        exporter needs to free them (transfer.let_go), never compared."""
+        let_go(payload["outputs"], self.leaves, self.device)
+        return {"memory_bytes": self.memory_bytes()}
 
     def _fresh_trial(self, plan: dict[str, Any]) -> Any:
         """A timed call's trial, kept on the device while it fits there even where the kept trials live

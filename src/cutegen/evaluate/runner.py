@@ -60,6 +60,7 @@ class CandidateSession:
         # What the reference process is reading, one group of tensors per exported output: kept until
         # the next command (`reexport` sends a group again as files, where CUDA IPC fails).
         self.exported: list[list[Any]] = []
+        self.export_files: list[Path] = []  # the exports written as files, deleted with the groups
         self.transfer = job.get("transfer", "auto")
         self.retained: list[Any] = []  # the last timed batch's output copies, until the parent chooses
         self.idle_limit_ms: float | None = None
@@ -84,7 +85,11 @@ class CandidateSession:
     def _export(self, outputs: Any) -> dict[str, Any]:
         descriptor, keep = export_outputs(flatten_outputs(outputs), self.workdir, via=self.transfer)
         self.exported.append(keep)
+        self._note_files(descriptor)
         return {**descriptor, "group": len(self.exported) - 1}
+
+    def _note_files(self, descriptor: dict[str, Any]) -> None:
+        self.export_files += [Path(leaf["path"]) for leaf in descriptor["leaves"] if leaf.get("kind") == "file"]
 
     def reexport(self, payload: dict[str, Any]) -> dict[str, Any]:
         """An exported group of outputs again, as files (after the reference process could not open
@@ -92,6 +97,7 @@ class CandidateSession:
 
         self.transfer = "file"
         descriptor, _ = export_outputs(self.exported[int(payload["group"])], self.workdir, via="file")
+        self._note_files(descriptor)
         return {**descriptor, "group": int(payload["group"])}
 
     def _inputs(self, spec: dict[str, Any]) -> list[Any]:
@@ -104,8 +110,12 @@ class CandidateSession:
         return self.models[weight]
 
     def release(self) -> None:
-        """The reference process is done with the last exports."""
+        """The reference process is done with the last exports. Their files go too: a run's timed
+        batches each export, and files of gigabyte outputs kept to the worker's end would fill the disk."""
         self.exported.clear()
+        for path in self.export_files:
+            path.unlink(missing_ok=True)
+        self.export_files.clear()
 
     # -- the candidate
 

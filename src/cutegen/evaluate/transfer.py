@@ -15,6 +15,12 @@ exports memory, so no handle, file or address of it ever reaches a candidate's p
   candidate's), not a bus error that ends the worker as a crash.
 - Where CUDA IPC cannot open an output, the reader raises `IpcOpenError`, and only that makes the
   parent ask for the outputs again as files (pipeline.py).
+- Every export is read: an export the reference does not compare is let go (`let_go`), which maps and
+  drops its CUDA IPC leaves. torch frees an exported block only once a shared counter says every reader
+  has dropped it, and a block no reader ever mapped stays held until the exporting process ends (on an
+  H200, the 6 GiB timed outputs of KernelBench level1/25 that were exported and not compared piled up
+  to 48 GiB in the candidate's worker, and honest candidates ran out of memory). The exporting worker
+  deletes its output files when the reference is done with them (runner.py, `release`).
 
 A descriptor is data from an untrusted process: the reader checks every leaf's dtype, shape and size
 against the reference's before it maps anything, so a forged size or shape is refused rather than
@@ -158,6 +164,21 @@ def open_outputs(descriptor: Any, expected: list[dict[str, Any]], device: Any) -
         yield opened
     finally:
         del opened[:]
+
+
+def let_go(descriptor: Any, expected: list[dict[str, Any]], device: Any) -> None:
+    """Map and drop at once the CUDA IPC leaves of exported outputs that will not be compared, so that
+    the exporter's memory is freed (module docstring); files and empty leaves need nothing here. A
+    descriptor is checked as `open_outputs` checks it."""
+    leaves = descriptor.get("leaves") if isinstance(descriptor, dict) else None
+    if not isinstance(leaves, list) or len(leaves) != len(expected):
+        raise TransferError("the outputs' descriptor does not list one entry per reference output")
+    for entry, want in zip(leaves, expected):
+        if not isinstance(entry, dict) or entry.get("dtype") != want["dtype"] \
+                or list(entry.get("shape", [])) != list(want["shape"]):
+            raise TransferError("an exported output does not match the reference's dtype and shape")
+        if entry.get("kind") == "cuda_ipc":
+            _open_leaf(entry, device)  # dropped at once: the reader's release is what frees it
 
 
 def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
