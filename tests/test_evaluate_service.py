@@ -359,6 +359,13 @@ def test_only_a_cuda_ipc_failure_sends_the_outputs_again_as_files(monkeypatch):
     assert call("compare", ipc) == {"errors": []}
     assert len(reexported) == 2 and service.transfer == "auto"
 
+    # A timed output's comparison first has the candidate's worker give back its cached blocks, once.
+    dropped.clear()
+    made_room: list[bool] = []
+    call, sent = calls("OutOfMemoryError")
+    assert call("compare_fresh", ipc, room=lambda: made_room.append(True)) == {"errors": []}
+    assert made_room == [True] and len(sent) == 2 and not dropped
+
 
 def test_a_freed_lane_prefers_the_held_task_but_never_starves_another():
     """Evaluations of the task whose reference the lane holds go first, as long as the oldest waiter

@@ -767,6 +767,7 @@ def test_exports_are_let_go_and_their_files_deleted_once_the_reference_is_done(t
             reference.let_go({"outputs": {"leaves": [{**descriptor["leaves"][0], "shape": [1]}]}})
         session.release()
         assert not any(path.exists() for path in files) and session.export_files == []
+        assert session.free_cached() == {}  # the reference's room for a comparison (nothing cached on a CPU)
     finally:
         session.close()
 

@@ -8,7 +8,8 @@ A worker takes one role with its first job and keeps it:
   another task's `reference`;
 - a candidate's worker (`setup`, `calibrate` and `calibration_batch` before the candidate's import,
   then `build`, `weights`, `run_trial`, `determinism`, `anticheat`, `ghost_run`, `timing_warmup`,
-  `timed_batch`, `export_timed`, `kernel_audit`, `reexport`, `release`; runner.py): one candidate, then the process ends;
+  `timed_batch`, `export_timed`, `free_cached`, `kernel_audit`, `reexport`, `release`; runner.py): one
+  candidate, then the process ends;
 - standalone commands: `prebuild` (a build pool's worker: import a candidate, confined, and report its kernels' sources,
   no GPU) and `peaks` (measure the device).
 
@@ -31,7 +32,8 @@ from cutegen.evaluate.sol import measure_peaks
 
 REFERENCE_COMMANDS = ("compare", "compare_fresh", "let_go", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
-                      "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "kernel_audit", "reexport", "release")
+                      "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "free_cached",
+                      "kernel_audit", "reexport", "release")
 
 
 # --------------------------------------------------------------------------------------- dispatch
