@@ -803,9 +803,11 @@ STRICT_BATCHES = 2  # batches of the strongest verification (every call checked)
 # and comparing one call of each (a fresh trial, three float64 forwards, the rules) took 18.8 s of a
 # 24 s evaluation of KernelBench level1/36 on the H200 (bench/results, part N). Each batch is compared
 # with probability TIMED_CHECK_BUDGET / batches, drawn after it ran, and exports the same either way, so
-# the candidate cannot tell which were compared. One wrong in every timed call is always caught (the last
-# batch is compared when no other was); one wrong in a fraction f of its calls escapes with probability
-# about (1 - f) ** 12, and gains at most that fraction of the time.
+# work put off until the export costs every batch. The candidate may learn afterwards that a batch was
+# compared (a worker asked to free its cache for the comparison), which does not change that batch, and
+# the next batch's draw is independent. One wrong in every timed call is always caught (the last batch is
+# compared when no other was); one wrong in a fraction f of its calls escapes with probability about
+# (1 - f) ** 12, and gains at most that fraction of the time.
 TIMED_CHECK_BUDGET = 12
 
 
