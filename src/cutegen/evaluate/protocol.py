@@ -30,7 +30,8 @@ from cutegen.evaluate.reference import ReferenceSession
 from cutegen.evaluate.runner import CandidateSession, import_and_build
 from cutegen.evaluate.sol import measure_peaks
 
-REFERENCE_COMMANDS = ("compare", "compare_fresh", "let_go", "ghost_plan", "ghost_judge", "give_back", "baseline", "trim")
+REFERENCE_COMMANDS = ("compare", "compare_fresh", "let_go", "ghost_plan", "ghost_judge", "give_back", "baseline",
+                      "trim")
 CANDIDATE_COMMANDS = ("calibrate", "calibration_batch", "build", "weights", "run_trial", "determinism",
                       "anticheat", "ghost_run", "timing_warmup", "timed_batch", "export_timed", "free_cached",
                       "kernel_audit", "reexport", "release")

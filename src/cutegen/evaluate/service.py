@@ -136,7 +136,8 @@ class Lane:
         if ref is not None:
             self.drop(ref)
         started = time.perf_counter()
-        self._make_room(need=_reference_bytes(task, config))
+        # A CPU lane counts its references, not bytes: no trace (which imports torch into this process).
+        self._make_room(need=_reference_bytes(task, config) if self.evaluator.device == "cuda" else 0)
         # The last candidate's worker may still be ending in the background with tens of GB of the
         # device: a reference that allocated beside it ran out of memory and kept its outputs on the
         # host, where every comparison of a gigabyte task then took minutes.

@@ -151,15 +151,10 @@ def open_outputs(descriptor: Any, expected: list[dict[str, Any]], device: Any) -
     `expected` is the reference's leaf list (dtype and shape of each); a descriptor that differs in
     count, dtype or shape raises TransferError before anything is mapped (check_output_types has
     already told the candidate's worker why)."""
-    leaves = descriptor.get("leaves") if isinstance(descriptor, dict) else None
-    if not isinstance(leaves, list) or len(leaves) != len(expected):
-        raise TransferError("the outputs' descriptor does not list one entry per reference output")
+    leaves = _checked(descriptor, expected)
     opened = []
     try:
-        for entry, want in zip(leaves, expected):
-            if entry.get("dtype") != want["dtype"] or list(entry.get("shape", [])) != list(want["shape"]):
-                raise TransferError(f"an output is {entry.get('dtype')} {entry.get('shape')}, the reference's"
-                                    f" {want['dtype']} {want['shape']}")
+        for entry in leaves:
             opened.append(_open_leaf(entry, device))
         yield opened
     finally:
@@ -170,15 +165,23 @@ def let_go(descriptor: Any, expected: list[dict[str, Any]], device: Any) -> None
     """Map and drop at once the CUDA IPC leaves of exported outputs that will not be compared, so that
     the exporter's memory is freed (module docstring); files and empty leaves need nothing here. A
     descriptor is checked as `open_outputs` checks it."""
+    for entry in _checked(descriptor, expected):
+        if entry.get("kind") == "cuda_ipc":
+            _open_leaf(entry, device)  # dropped at once: the reader's release is what frees it
+
+
+def _checked(descriptor: Any, expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The descriptor's leaves, each of the reference's dtype and shape, or TransferError."""
     leaves = descriptor.get("leaves") if isinstance(descriptor, dict) else None
     if not isinstance(leaves, list) or len(leaves) != len(expected):
         raise TransferError("the outputs' descriptor does not list one entry per reference output")
     for entry, want in zip(leaves, expected):
-        if not isinstance(entry, dict) or entry.get("dtype") != want["dtype"] \
-                or list(entry.get("shape", [])) != list(want["shape"]):
-            raise TransferError("an exported output does not match the reference's dtype and shape")
-        if entry.get("kind") == "cuda_ipc":
-            _open_leaf(entry, device)  # dropped at once: the reader's release is what frees it
+        if not isinstance(entry, dict):
+            raise TransferError("an output's entry in the descriptor is not an object")
+        if entry.get("dtype") != want["dtype"] or entry.get("shape") != list(want["shape"]):
+            raise TransferError(f"an output is {entry.get('dtype')} {entry.get('shape')}, the reference's"
+                                f" {want['dtype']} {want['shape']}")
+    return leaves
 
 
 def _open_leaf(entry: dict[str, Any], device: Any) -> Any:
