@@ -632,8 +632,9 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
                 refcall("let_go", {"outputs": exported[i]}, step="timed_outputs")
                 continue
             # A fresh trial of a gigabyte task may not fit beside the worker's cached blocks: those go back
-            # first. The worker then learns that this batch, already timed, is compared; the next batch's
-            # first call finds no cached block (its allocation is timed, never a gain).
+            # first. The worker then learns that this batch, already timed, is compared, before the
+            # reference reads its output (EVALUATION.md, "What is not defended"); the next batch's first
+            # call finds no cached block (its allocation is timed, never a gain).
             compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[i]}, step="timed_outputs",
                                room=lambda: call("free_cached", step="timed_outputs"))
             call.run.add_s("timed_outputs_trial", compared.get("trial_s", 0.0))  # (the reference's: its trial)
@@ -803,9 +804,9 @@ STRICT_BATCHES = 2  # batches of the strongest verification (every call checked)
 # and comparing one call of each (a fresh trial, three float64 forwards, the rules) took 18.8 s of a
 # 24 s evaluation of KernelBench level1/36 on the H200 (bench/results, part N). Each batch is compared
 # with probability TIMED_CHECK_BUDGET / batches, drawn after it ran, and exports the same either way, so
-# work put off until the export costs every batch. The candidate may learn afterwards that a batch was
-# compared (a worker asked to free its cache for the comparison), which does not change that batch, and
-# the next batch's draw is independent. One wrong in every timed call is always caught (the last batch is
+# work put off until the export costs every batch. The candidate may learn that a batch was compared (a
+# worker asked to free its cache for the comparison), which does not change that batch's timing, and the
+# next batch's draw is independent. One wrong in every timed call is always caught (the last batch is
 # compared when no other was); one wrong in a fraction f of its calls escapes with probability about
 # (1 - f) ** 12, and gains at most that fraction of the time.
 TIMED_CHECK_BUDGET = 12
