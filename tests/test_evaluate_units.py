@@ -739,7 +739,6 @@ def test_the_candidates_ghost_run_churns_free_memory_before_the_candidate_runs(t
     assert events == ["churn", "candidate", "candidate"] and reply["perturbed"]["leaves"]
 
 
-
 def test_exports_are_let_go_and_their_files_deleted_once_the_reference_is_done(tmp_path, monkeypatch):
     """A run's timed batches each export; the reference process lets go of those it does not compare
     (`let_go`: a forged descriptor is refused as in a comparison), and the worker deletes its output
@@ -770,6 +769,7 @@ def test_exports_are_let_go_and_their_files_deleted_once_the_reference_is_done(t
         assert session.free_cached() == {}  # the reference's room for a comparison (nothing cached on a CPU)
     finally:
         session.close()
+
 
 def _one_trial_reference(monkeypatch, name: str):
     """A reference session of an example task, in this process, with one clean trial made."""
