@@ -431,7 +431,7 @@ def test_lower_precision_inside_a_candidate_is_not_forgiven_as_the_references_ro
 
 
 def test_cpu_only_fallbacks():
-    assert churn_free_memory("cpu") is None
+    assert churn_free_memory("cpu") == 0  # nothing given back to a driver
     if not torch.cuda.is_available():
         result = audit_kernels(lambda x: x * 2, [torch.ones(2)])
         assert result["kernels"] == [] and "no CUDA" in result["skipped"]

@@ -70,6 +70,19 @@ def test_a_timed_batch_draws_each_calls_inputs_and_retains_each_calls_outputs():
     assert [float(out[0]) for out in run.retained] == [1.0, 11.0, 21.0, 31.0, 41.0]
 
 
+def test_the_scrub_wait_covers_what_went_back_less_the_time_already_spent(monkeypatch):
+    # 138 GiB given back took the H200's driver 0.27 s to scrub; the wait assumes 400 GB/s.
+    assert timing.scrub_wait_s(120_000_000_000, 0.0) == pytest.approx(0.3)
+    assert timing.scrub_wait_s(120_000_000_000, 0.1) == pytest.approx(0.2)
+    assert timing.scrub_wait_s(16 << 30, 0.5) == 0.0  # the warm-up already outlasted it
+    assert timing.scrub_wait_s(0, 0.0) == 0.0 and timing.scrub_wait_s(-5, 0.0) == 0.0
+    assert timing.scrub_wait_s(10**15, 0.0) == timing.SCRUB_WAIT_CAP_S  # never more than all memory's scrub
+    slept = []
+    monkeypatch.setattr(timing.time, "sleep", slept.append)
+    assert timing.wait_for_scrub(40_000_000_000, 0.05) == pytest.approx(0.05) and slept == [pytest.approx(0.05)]
+    assert timing.wait_for_scrub(0, 0.0) == 0.0 and len(slept) == 1
+
+
 def test_random_trials_are_distinct_and_in_range():
     chosen = timing.random_trials(100, 3)
     assert len(set(chosen)) == 3 and all(0 <= i < 100 for i in chosen)
@@ -795,7 +808,10 @@ def test_the_reference_gives_back_the_ghost_probes_memory_and_reports_its_own(mo
     monkeypatch.setattr(session, "_empty_cache", lambda: emptied.append(True))
     reply = session.ghost_plan({"tol": 1e-4})
     assert emptied == [True] and "memory_bytes" in reply and reply["plan"]
-    assert session.give_back() == {"memory_bytes": 0} and emptied == [True, True]  # before the candidate's timing
+    held = iter([10 << 30, 4 << 30])  # before and after the cache went back
+    monkeypatch.setattr(session, "memory_bytes", lambda: next(held))
+    # before the candidate's timing; the candidate's worker waits for the driver's scrub of what went back
+    assert session.give_back() == {"memory_bytes": 4 << 30, "freed_bytes": 6 << 30} and emptied == [True, True]
 
 
 def _gemm_on_heavy_tails(seed: int):

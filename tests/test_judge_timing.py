@@ -225,6 +225,7 @@ def test_a_well_formed_batch_reply_reads_into_its_record():
     (lambda r: WarmupReply.parse(r), {"idle_limit_ms": -1.0}, "a time limit must be"),
     (lambda r: WarmupReply.parse(r), {"idle_limit_ms": 1.0, "guard_refusals": "x"}, "guard_refusals must be a list"),
     (lambda r: WarmupReply.parse(r), [], "must be an object"),
+    (lambda r: WarmupReply.parse(r), {"idle_limit_ms": 1.0, "scrub_wait_s": "1"}, "a duration must be"),
     (lambda r: ExportReply.parse(r, [2, 7]), {"outputs": {"2": {}}}, "the parent chose [2, 7]"),
     (lambda r: ExportReply.parse(r, [2]), {"outputs": {"2": {}, "3": {}}}, "names the calls ['2', '3']"),
     (lambda r: ExportReply.parse(r, [2]), {"outputs": {"2": "file"}}, "described by an object"),
@@ -303,6 +304,38 @@ def test_every_batch_exports_and_the_reference_compares_a_drawn_share_of_them():
     pipeline._timed_batches(worker, reference(asked), [1] * 60, 1, share)
     assert worker.exports == 60 and len(asked) == 60
     assert 1 <= asked.count("compare_fresh") < 40  # about 12 (fewer than 40 but once in ~1e9 runs)
+
+
+def test_the_next_batch_waits_for_the_scrub_of_what_a_comparison_gave_back(monkeypatch):
+    """The reference process gives a comparison's memory back to the driver, which scrubs it in the
+    background at about 500 GB/s of the memory bandwidth (bench/results/scrub-h200/): the next batch
+    starts only after that, and the wait is recorded under scrub_wait."""
+    from cutegen.evaluate import pipeline, timing
+    from cutegen.evaluate.verdict import VerdictBuilder
+
+    events: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s:.2f}"))
+
+    class Worker:
+        run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
+
+        def __call__(self, command, payload=None, step=None):
+            events.append(command)
+            if command == "timed_batch":
+                return {"times_ms": [1.0] * len(payload["seeds"])}
+            if command == "export_timed":
+                return {"outputs": {str(i): {"kind": "file"} for i in payload["calls"]}}
+            return {}
+
+    def reference(command, *a, **k):
+        events.append(command)
+        return {"errors": {}, "freed_bytes": 80_000_000_000}  # 0.2 s at the assumed 400 GB/s
+
+    worker = Worker()
+    pipeline._timed_batches(worker, reference, [1, 1], 1, 1.0)
+    assert events == ["timed_batch", "export_timed", "compare_fresh", "release", "sleep 0.20",
+                      "timed_batch", "export_timed", "compare_fresh", "release", "sleep 0.20"]
+    assert worker.run.stage_s["scrub_wait"] == pytest.approx(0.4)
 
 
 ERRORS = {"max_abs_error": 0.0, "max_rel_error": 0.0, "rel_l2_error": 0.0, "mismatched_elements": 0,
@@ -396,6 +429,7 @@ def test_a_trial_reply_without_its_lists_is_the_protocol_broken_not_a_crash_of_t
 def test_well_formed_timing_replies_read_into_their_records():
     assert CalibrationReply.parse({"calls": 4, "idle_limit_ms": 2}, 10) == CalibrationReply(4, 2.0)
     assert WarmupReply.parse({"idle_limit_ms": None, "new_threads": ["t"]}) == WarmupReply(None, new_threads=("t",))
+    assert WarmupReply.parse({"idle_limit_ms": 2.0, "scrub_wait_s": 0.25}).scrub_wait_s == 0.25
     assert ExportReply.parse({"outputs": {"7": {"kind": "file"}}}, [7]).outputs == {7: {"kind": "file"}}
 
 

@@ -597,7 +597,7 @@ _CHURN_CHUNK_BYTES = 1 << 30
 _CHURN_MIN_BYTES = 2 << 20
 
 
-def churn_free_memory(device: torch.device | str) -> None:
+def churn_free_memory(device: torch.device | str) -> int:
     """Fill (nearly) all free device memory with NaN bytes, then give it back to the driver.
 
     Defeats the "stale memory" cheat (Sakana's AI CUDA Engineer): an output allocated with
@@ -607,14 +607,16 @@ def churn_free_memory(device: torch.device | str) -> None:
     0xFF, which is NaN in fp32/fp16/bf16/fp64; finally everything is released again, so later
     allocations (the candidate's outputs) come from NaN-filled memory and no memory stays reserved.
     Best effort: memory another process or the driver holds cannot be reached. Does nothing for a
-    non-CUDA device.
+    non-CUDA device. Returns the bytes given back to the driver (which scrubs them: timing.wait_for_scrub).
     """
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        return
+        return 0
     with torch.cuda.device(device):
         torch.cuda.synchronize()
+        cached = torch.cuda.memory_reserved(device)
         torch.cuda.empty_cache()
+        cached -= torch.cuda.memory_reserved(device)
         blocks: list[torch.Tensor] = []
         chunk = _CHURN_CHUNK_BYTES
         while chunk >= _CHURN_MIN_BYTES:
@@ -626,6 +628,8 @@ def churn_free_memory(device: torch.device | str) -> None:
             block.fill_(0xFF)
             blocks.append(block)
         torch.cuda.synchronize()
+        filled = sum(block.numel() for block in blocks)
         del blocks
         torch.cuda.empty_cache()
+    return cached + filled
 

@@ -37,11 +37,13 @@ class Hooks:
         self.device = device
         self.cuda = device.type == "cuda"
 
-    def churn(self) -> None:
+    def churn(self) -> int:
+        """checks_dynamic.churn_free_memory on CUDA: the bytes it gave back to the driver (0 on a CPU)."""
         if self.cuda:
             from cutegen.evaluate.checks_dynamic import churn_free_memory  # lazy: checks_dynamic loads torch
 
-            churn_free_memory(self.device)
+            return churn_free_memory(self.device)
+        return 0
 
     def synchronize(self) -> None:
         if self.cuda:

@@ -103,15 +103,18 @@ class CalibrationReply:
 
 @dataclass(frozen=True)
 class WarmupReply(AfterImport):
-    """The answer to `timing_warmup` (runner.timing_warmup): the device-wide wait's limit, and the
-    integrity lists after the candidate's warm-up calls."""
+    """The answer to `timing_warmup` (runner.timing_warmup): the device-wide wait's limit, the seconds
+    waited for the driver's scrub of freed memory (timing.wait_for_scrub), and the integrity lists
+    after the candidate's warm-up calls."""
 
     idle_limit_ms: float | None
+    scrub_wait_s: float = 0.0
 
     @classmethod
     def parse(cls, data: Any) -> "WarmupReply":
         data = _object(data, "a warm-up reply")
-        return cls(_limit(data, "idle_limit_ms"), **_integrity(data))
+        return cls(_limit(data, "idle_limit_ms"), _seconds(data.get("scrub_wait_s", 0.0), "scrub_wait_s"),
+                   **_integrity(data))
 
 
 @dataclass(frozen=True)

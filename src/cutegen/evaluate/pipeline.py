@@ -45,7 +45,7 @@ from cutegen.evaluate.messages import (
 )
 from cutegen.evaluate.service import Evaluator
 from cutegen.evaluate.sol import physical_peaks, work_bound_ms
-from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize
+from cutegen.evaluate.timing import HIDDEN_SHARE, hidden_work_trials, random_trials, summarize, wait_for_scrub
 from cutegen.evaluate.transfer import uses_ipc
 from cutegen.evaluate.verdict import Stop, VerdictBuilder, correct_feedback, crash_line, died_feedback, \
     error_failure, timing_feedback
@@ -627,6 +627,7 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
                           chosen).outputs
         data["export_ms"].append((time.perf_counter() - began) * 1e3)
         compared_now = draw.random() < share or (number == len(sizes) - 1 and not data["validated"])
+        freed = 0  # bytes the reference process gave back to the driver after its comparisons
         for i in chosen:
             if not compared_now:  # read and dropped all the same, or the worker's export stays held
                 refcall("let_go", {"outputs": exported[i]}, step="timed_outputs")
@@ -638,9 +639,12 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
             compared = refcall("compare_fresh", {"seed": seeds[i], "outputs": exported[i]}, step="timed_outputs",
                                room=lambda: call("free_cached", step="timed_outputs"))
             call.run.add_s("timed_outputs_trial", compared.get("trial_s", 0.0))  # (the reference's: its trial)
+            freed += int(compared.get("freed_bytes", 0))
             data["validated"].append({"trial": done + i, "errors": compared["errors"],
                                       "precision": compared.get("precision")})
         call("release", step="timed_outputs")
+        # The driver's scrub of what the comparisons gave back would slow the next batch's calls.
+        call.run.add_s("scrub_wait", wait_for_scrub(freed, 0.0))
         done += calls
     return data
 
@@ -649,8 +653,11 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
                 calibration: dict[str, Any]) -> dict[str, Any]:
     """The timing protocol (timing.time_batch states it): warm-up calls, then timed batches on inputs
     no other call saw, each timed on the parent's clock too, with outputs verified after each batch."""
-    refcall("give_back", step="timing")  # the reference's cached blocks: the timed calls' room
-    warm = _typed(call, WarmupReply.parse, call("timing_warmup", {"seeds": _seeds(config.warmup_trials)}, step="timing"))
+    gave = refcall("give_back", step="timing")  # the reference's cached blocks: the timed calls' room
+    freed = gave.get("freed_bytes", 0) if isinstance(gave, dict) else 0
+    warm = _typed(call, WarmupReply.parse, call("timing_warmup", {"seeds": _seeds(config.warmup_trials),
+                                                                  "freed_bytes": int(freed)}, step="timing"))
+    run.add_s("scrub_wait", warm.scrub_wait_s)
     calls = calibration["calls"]
     sizes = _batch_sizes(config.timing_trials, calls)
     share = min(1.0, TIMED_CHECK_BUDGET / len(sizes))

@@ -302,7 +302,8 @@ class ReferenceSession:
     def compare_fresh(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's outputs (chosen by the parent after the call ran) against the reference run
         now on the same inputs, drawn from the call's seed, by the rule of `compare`. The trial lives
-        only for this comparison; its memory goes back to the driver after it."""
+        only for this comparison; its memory goes back to the driver after it (`freed_bytes`, which
+        the driver scrubs: the parent waits for that before the next timed batch)."""
 
         seed = int(payload["seed"])
         plan = {"seed": seed, "weight": 0, "adversarial": False}
@@ -311,7 +312,7 @@ class ReferenceSession:
         self.trials.append(self._fresh_trial(plan))
         trial_s = time.perf_counter() - started  # the rest of the reply's time is the comparison's
         try:
-            return {**self.compare({"trial": index, "outputs": payload["outputs"]}), "trial_s": trial_s}
+            result = {**self.compare({"trial": index, "outputs": payload["outputs"]}), "trial_s": trial_s}
         finally:
             self.trials.pop()
             self.deltas.pop(index, None)
@@ -320,7 +321,9 @@ class ReferenceSession:
             self.basis_notes.pop(index, None)
             # Back to the driver: the candidate's later batches need the room, and what a block may
             # still hold (this call's reference output) answers inputs that no later call gets.
+            held = self.memory_bytes()
             self._empty_cache()
+        return {**result, "freed_bytes": max(0, held - self.memory_bytes())}
 
     def let_go(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's exported outputs that the parent chose not to compare: read as far as the
@@ -413,9 +416,12 @@ class ReferenceSession:
         """Before the candidate's timing, which churns free memory before its first timed call: the
         blocks cached by the comparisons and the ghost probe's judgements go back to the driver. On
         an H200 the reference processes of KernelBench's 8 GB tasks reported 96 GiB at this point,
-        and honest candidates ran out of memory in timing beside them."""
+        and honest candidates ran out of memory in timing beside them. `freed_bytes`: what went back,
+        which the driver then scrubs while the candidate's first calls run (timing.wait_for_scrub)."""
+        held = self.memory_bytes()
         self._empty_cache()
-        return {"memory_bytes": self.memory_bytes()}
+        left = self.memory_bytes()
+        return {"memory_bytes": left, "freed_bytes": max(0, held - left)}
 
     def ghost_judge(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's outputs before and after one perturbation against the reference's mask."""

@@ -26,7 +26,7 @@ from cutegen.evaluate.confine import builds_torch_extension, confine_candidate, 
 from cutegen.evaluate.context import CANDIDATE_FILE, Hooks, apply_track, runtime_from_json, task_from_json
 from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, build_model, make_inputs, to_device
 from cutegen.evaluate.guard import install as guard_install
-from cutegen.evaluate.timing import time_batch, warm_up
+from cutegen.evaluate.timing import time_batch, wait_for_scrub, warm_up
 from cutegen.evaluate.transfer import export_outputs
 from cutegen.records import to_json
 from cutegen.runtime import find_kernels, use_config
@@ -270,14 +270,18 @@ class CandidateSession:
 
     def timing_warmup(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's untimed warm-up calls on inputs of their own; free memory is churned first
-        (the correctness calls' outputs are freed: no stale result survives into the timed calls)."""
+        (the correctness calls' outputs are freed: no stale result survives into the timed calls).
+        The warm-up runs while the driver scrubs what the churn and the reference process (its
+        `give_back`, `freed_bytes` here) gave back; the rest of the scrub is waited for after it."""
 
         self.release()
-        self.hooks.churn()
+        began = time.perf_counter()
+        freed = int(payload.get("freed_bytes", 0)) + self.hooks.churn()
         limit = warm_up(self._model(0), self._draw(payload["seeds"]), device=self.device, calls=len(payload["seeds"]))
         if self.idle_limit_ms is None:
             self.idle_limit_ms = limit
-        return {"idle_limit_ms": self.idle_limit_ms, **self._integrity()}
+        waited = wait_for_scrub(freed, time.perf_counter() - began) if self.hooks.cuda else 0.0
+        return {"idle_limit_ms": self.idle_limit_ms, "scrub_wait_s": waited, **self._integrity()}
 
     def timed_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One batch of timed calls (timing.time_batch), each on inputs from its own seed; the copies of
@@ -299,11 +303,15 @@ class CandidateSession:
     def free_cached(self) -> dict[str, Any]:
         """The device memory this worker's allocator caches (a batch's freed inputs, outputs and copies)
         back to the driver, for the reference process's comparison, which runs the reference on fresh
-        inputs beside it (KernelBench's 8.6 GB tasks left it 7 GiB on an H200); the exports stay."""
+        inputs beside it (KernelBench's 8.6 GB tasks left it 7 GiB on an H200); the exports stay.
+        Returns once the driver's scrub of those blocks is over, so that it does not slow the next
+        batch's timed calls (timing.wait_for_scrub)."""
         import torch  # lazy: loading torch takes seconds
 
         if self.device.type == "cuda":
+            held = torch.cuda.memory_reserved()
             torch.cuda.empty_cache()
+            wait_for_scrub(max(0, held - torch.cuda.memory_reserved()), 0.0)
         return {}
 
     def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -247,6 +247,35 @@ def reset_persisting_l2() -> None:
         lib.cudaCtxResetPersistingL2Cache()
 
 
+# The driver scrubs device memory given back to it (cudaFree, torch.cuda.empty_cache) in the background,
+# on no stream that a synchronize waits for, and the scrub takes a share of the memory bandwidth. On the
+# H200 a 1 GiB read ran 13% slower for 0.27 s after churn_free_memory gave back 138 GiB, and for about
+# 0.035 s after an empty_cache of 16 GiB (bench/results/scrub-h200/): 500-550 GB/s. Timed right after
+# the churn, the sum over dim 1 of level1/47's 8.6 GB input took 2.41 ms instead of 2.12, and a
+# candidate's 2.55 ms instead of 2.16, while the baselines are timed with no churn before them: such
+# candidates were judged up to 18% slower than they are. The wait assumes a slower scrub than measured
+# and never waits longer than a scrub of all of an H200's memory took.
+SCRUB_BYTES_PER_S = 400e9
+SCRUB_WAIT_CAP_S = 0.5
+
+
+def scrub_wait_s(freed_bytes: int, elapsed_s: float) -> float:
+    """Seconds still to wait, `elapsed_s` after `freed_bytes` went back to the driver, before its scrub
+    is over (SCRUB_BYTES_PER_S, at most SCRUB_WAIT_CAP_S in all)."""
+    if freed_bytes <= 0:
+        return 0.0
+    return max(0.0, min(SCRUB_WAIT_CAP_S, freed_bytes / SCRUB_BYTES_PER_S) - max(0.0, elapsed_s))
+
+
+def wait_for_scrub(freed_bytes: int, elapsed_s: float) -> float:
+    """Sleep out the driver's scrub of `freed_bytes` given back `elapsed_s` ago (scrub_wait_s), so that
+    no timed call shares the memory bandwidth with it; the seconds slept."""
+    wait = scrub_wait_s(freed_bytes, elapsed_s)
+    if wait > 0:
+        time.sleep(wait)
+    return wait
+
+
 def time_batch(fn: Callable[..., Any], draw: Callable[[int], Sequence[Any]], *, device: Any, calls: int,
                idle_limit_ms: float | None) -> BatchRun:
     """One timed batch of the candidate's timing protocol (EVALUATION.md, "Timing").
