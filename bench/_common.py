@@ -28,6 +28,18 @@ def cutegen_json(args: list[str], env: Mapping[str, str], timeout_s: float) -> d
     return found if isinstance(found, dict) else {"value": found}
 
 
+def load_module(path: Path, name: str) -> Any:
+    """The Python file at `path` imported as a module named `name` (a task, or a candidate's file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: not a Python file that can be imported")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def shown(text: str, repo: Path, places: Mapping[Path, str]) -> str:
     """`text` naming no path of the machine it ran on: the interpreter as python3, each of `places` by
     its name (the output folder as $OUT...), and paths in the repository relative to it."""

@@ -10,7 +10,6 @@ Writes DIR/timed-compare-h200.md (and .json).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -22,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src")]
 
 import torch  # noqa: E402
+from _common import load_module  # noqa: E402
 
 from cutegen.evaluate.checks_dynamic import check_nonfinite  # noqa: E402
 from cutegen.evaluate.compare import compare_outputs, compare_precision, first_mismatches  # noqa: E402
@@ -80,9 +80,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("task", args.task)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(args.task, "task")
     device = torch.device("cuda")
     model = build_model(module.Model, module.get_init_inputs(), 0, device)
     model64 = exact_model(model)

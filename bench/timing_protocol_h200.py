@@ -13,7 +13,6 @@ Writes DIR/timing-protocol-h200-TASK.md (and .json).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src")]
 
 import torch  # noqa: E402
+from _common import load_module  # noqa: E402
 
 from cutegen.evaluate import timing  # noqa: E402
 from cutegen.evaluate.checks_dynamic import churn_free_memory  # noqa: E402
@@ -68,15 +68,11 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("task", args.task)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(args.task, "task")
     device = torch.device("cuda")
     model = build_model(module.Model, module.get_init_inputs(), 0, device)
     if args.candidate is not None:
-        spec = importlib.util.spec_from_file_location("candidate", args.candidate)
-        candidate = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(candidate)
+        candidate = load_module(args.candidate, "candidate")
         model = build_model(candidate.ModelNew, module.get_init_inputs(), 0, device)
     sets = [make_inputs(module, 1000 + k, None, device, device) for k in range(2)]
     seeds = [int.from_bytes(os.urandom(4), "little") for _ in range(args.calls)]
