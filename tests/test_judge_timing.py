@@ -309,12 +309,14 @@ def test_every_batch_exports_and_the_reference_compares_a_drawn_share_of_them():
 def test_the_next_batch_waits_for_the_scrub_of_what_a_comparison_gave_back(monkeypatch):
     """The reference process gives a comparison's memory back to the driver, which scrubs it in the
     background at about 500 GB/s of the memory bandwidth (bench/results/scrub-h200/): the next batch
-    starts only after that, and the wait is recorded under scrub_wait."""
+    starts only after that, and the wait is recorded under scrub_wait. No timed call follows the last
+    batch's comparison: its scrub is handed back, for a retry's first batch to wait for."""
     from cutegen.evaluate import pipeline, timing
     from cutegen.evaluate.verdict import VerdictBuilder
 
     events: list[str] = []
-    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s:.2f}"))
+    slept: list[float] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append("sleep") or slept.append(s))
 
     class Worker:
         run = VerdictBuilder("t", "sha", EvalConfig(device="cpu", backend="torch"))
@@ -332,10 +334,14 @@ def test_the_next_batch_waits_for_the_scrub_of_what_a_comparison_gave_back(monke
         return {"errors": {}, "freed_bytes": 80_000_000_000}  # 0.2 s at the assumed 400 GB/s
 
     worker = Worker()
-    pipeline._timed_batches(worker, reference, [1, 1], 1, 1.0)
-    assert events == ["timed_batch", "export_timed", "compare_fresh", "release", "sleep 0.20",
-                      "timed_batch", "export_timed", "compare_fresh", "release", "sleep 0.20"]
-    assert worker.run.stage_s["scrub_wait"] == pytest.approx(0.4)
+    data = pipeline._timed_batches(worker, reference, [1, 1], 1, 1.0)
+    assert events == ["timed_batch", "export_timed", "compare_fresh", "release", "sleep",
+                      "timed_batch", "export_timed", "compare_fresh", "release"]
+    assert slept == [pytest.approx(0.2, abs=0.05)] and worker.run.stage_s["scrub_wait"] == pytest.approx(slept[0])
+    assert data["scrub"][0] == 80_000_000_000
+    events.clear()
+    pipeline._timed_batches(worker, reference, [1], 1, 1.0, data["scrub"])  # a retry waits for it first
+    assert events[:2] == ["sleep", "timed_batch"] and slept[1] == pytest.approx(0.2, abs=0.05)
 
 
 ERRORS = {"max_abs_error": 0.0, "max_rel_error": 0.0, "rel_l2_error": 0.0, "mismatched_elements": 0,

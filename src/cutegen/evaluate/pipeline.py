@@ -596,20 +596,25 @@ def _batch_sizes(trials: int, calls: int) -> list[int]:
     return [calls] * (trials // calls) + ([trials % calls] if trials % calls else [])
 
 
-def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share: float = 1.0) -> dict[str, Any]:
+def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share: float = 1.0,
+                   scrub: tuple[int, float] = (0, 0.0)) -> dict[str, Any]:
     """Timed batches of the given sizes (runner.timed_batch); after each has returned, the parent draws
     which `checks` of its calls to export (all of them when `checks` >= the batch) and whether the
     reference process compares them with its own outputs on the same inputs: with probability `share`,
     and always for the last batch when no earlier one was compared. Every batch exports alike, and its
     export is timed, so work put off until the export costs every batch (clock.late_exports_ms), not
     only the compared ones; an export not compared is let go (transfer.let_go) so that its memory is
-    freed."""
+    freed. A batch starts only once the driver's scrub of the memory the previous batch's comparisons
+    gave back is over (timing.wait_for_scrub); `scrub` and data["scrub"]: (bytes, time.perf_counter()
+    when they went back) not yet waited for, before the first batch and after the last."""
 
     data: dict[str, Any] = {"times_ms": [], "stream_ms": [], "idle_ms": [], "clocks": [], "export_ms": [],
                             "validated": []}
     draw = random.Random(os.urandom(16))  # no seed the candidate could predict
     done = 0
     for number, calls in enumerate(sizes):
+        # The driver's scrub of what the comparisons gave back would slow this batch's calls.
+        call.run.add_s("scrub_wait", wait_for_scrub(scrub[0], time.perf_counter() - scrub[1]))
         seeds = _seeds(calls)
         with prompt_wakeups():
             began = time.perf_counter()
@@ -643,9 +648,9 @@ def _timed_batches(call: Any, refcall: Any, sizes: list[int], checks: int, share
             data["validated"].append({"trial": done + i, "errors": compared["errors"],
                                       "precision": compared.get("precision")})
         call("release", step="timed_outputs")
-        # The driver's scrub of what the comparisons gave back would slow the next batch's calls.
-        call.run.add_s("scrub_wait", wait_for_scrub(freed, 0.0))
+        scrub = (freed, time.perf_counter())
         done += calls
+    data["scrub"] = scrub
     return data
 
 
@@ -662,9 +667,11 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     sizes = _batch_sizes(config.timing_trials, calls)
     share = min(1.0, TIMED_CHECK_BUDGET / len(sizes))
     data = _timed_batches(call, refcall, sizes, config.timed_output_checks, share)
+    pending = data.pop("scrub")  # no timed call follows the last batch's comparisons, unless retried
     # Too few batches agree, or no export came on time: the machine, or the candidate; measured again.
     if agreeing_share(data["clocks"], calibration["overhead_ms"]) < 0.5 or not _clock_check(data, calibration).passed:
-        more = _timed_batches(call, refcall, [calls] * RETRY_BATCHES, config.timed_output_checks, share)
+        more = _timed_batches(call, refcall, [calls] * RETRY_BATCHES, config.timed_output_checks, share, pending)
+        more.pop("scrub")
         for key in ("times_ms", "stream_ms", "idle_ms", "clocks", "export_ms", "validated"):
             data[key] += more[key]
         data["clock_retried"] = True
