@@ -1,8 +1,9 @@
 """Whether the two timing protocols time the same forward alike: the baselines' (`time_forward`, input
 sets cycled) and the candidate's (`time_batch`, inputs drawn right before each call, the persisting
 L2 reset first). The task's reference forward (or a KernelBench-format candidate's ModelNew) is
-timed under both, under variants of the candidate's that drop one of its differences at a time, and
-on each input set alone and after the worker's churn of free memory (where the inputs lie in memory). Calls the package's functions, no CLI.
+timed under both, under variants of the candidate's that drop one of its differences at a time, on
+each input set alone, and right after the worker's churn of free memory or an `empty_cache` (what
+the device does after memory goes back to the driver). Calls the package's functions, no CLI.
 
     python3 bench/timing_protocol_h200.py --task KB/level1/47_Sum_reduction_over_a_dimension.py --out DIR
         [--candidate level_1_problem_47_sample_0_kernel.py]
