@@ -254,7 +254,7 @@ def test_nonfinite_counts_a_chunk_at_a_time_with_the_same_answer(monkeypatch):
     the count and the first element are those of the whole tensor, across chunk edges and strides."""
     from cutegen.evaluate import checks_dynamic
 
-    monkeypatch.setattr(checks_dynamic, "NONFINITE_CHUNK", 7)
+    monkeypatch.setattr(checks_dynamic, "CHUNK_ELEMENTS", 7)
     out, ref = torch.zeros(5, 6), torch.zeros(5, 6)
     out[2, 3], out[3, 0], out[4, 5], ref[4, 5] = float("nan"), float("-inf"), float("inf"), float("inf")
     assert check_nonfinite(out, ref) == ["output[0]: 2 NaN/Inf elements where the reference is finite (first at (2, 3))"]

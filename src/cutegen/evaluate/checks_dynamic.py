@@ -28,7 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
 from cutegen.errors import ConfigError
 from cutegen.evaluate import compare
-from cutegen.evaluate.compare import CHUNK_ELEMENTS, flatten_outputs
+from cutegen.evaluate.compare import CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS, flatten_outputs
+from cutegen.evaluate.timing import give_back_cached
 
 # ----------------------------------------------------------------------------------- op audit
 
@@ -408,16 +409,14 @@ def check_nonfinite(outputs: Any, ref_outputs: Any) -> list[str]:
     return problems
 
 
-NONFINITE_CHUNK = 1 << 26  # elements per step: a 64 MiB mask, where a whole bool mask summed as int64 took
-# 12 GiB for one 6.4 GB output of KernelBench level1/25 (the sum widened the mask first) on the H200
-
-
 def _nonfinite_count(out: Any, ref: Any) -> tuple[int, int]:
     """(elements non-finite in the flat `out` where the flat `ref` is finite, the index of the first),
-    a chunk at a time."""
+    a chunk at a time, of the comparisons' size (compare.py): a whole bool mask summed as int64 took
+    12 GiB for one 6.4 GB output of KernelBench level1/25 on the H200 (the sum widened the mask first)."""
+    size = CUDA_CHUNK_ELEMENTS if out.device.type == "cuda" else CHUNK_ELEMENTS
     count, first = 0, -1
-    for start in range(0, out.numel(), NONFINITE_CHUNK):
-        bad = ~torch.isfinite(out[start:start + NONFINITE_CHUNK]) & torch.isfinite(ref[start:start + NONFINITE_CHUNK])
+    for start in range(0, out.numel(), size):
+        bad = ~torch.isfinite(out[start:start + size]) & torch.isfinite(ref[start:start + size])
         found = int(torch.count_nonzero(bad))
         if found and first < 0:
             # argmax, not nonzero(): a chunk full of NaN would make nonzero() list them all
@@ -614,9 +613,7 @@ def churn_free_memory(device: torch.device | str) -> int:
         return 0
     with torch.cuda.device(device):
         torch.cuda.synchronize()
-        cached = torch.cuda.memory_reserved(device)
-        torch.cuda.empty_cache()
-        cached -= torch.cuda.memory_reserved(device)
+        cached = give_back_cached()
         blocks: list[torch.Tensor] = []
         chunk = _CHURN_CHUNK_BYTES
         while chunk >= _CHURN_MIN_BYTES:

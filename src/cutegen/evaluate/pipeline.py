@@ -659,9 +659,9 @@ def _timing_run(run: VerdictBuilder, call: Any, refcall: Any, ref: Any, config: 
     """The timing protocol (timing.time_batch states it): warm-up calls, then timed batches on inputs
     no other call saw, each timed on the parent's clock too, with outputs verified after each batch."""
     gave = refcall("give_back", step="timing")  # the reference's cached blocks: the timed calls' room
-    freed = gave.get("freed_bytes", 0) if isinstance(gave, dict) else 0
     warm = _typed(call, WarmupReply.parse, call("timing_warmup", {"seeds": _seeds(config.warmup_trials),
-                                                                  "freed_bytes": int(freed)}, step="timing"))
+                                                                  "freed_bytes": int(gave.get("freed_bytes", 0))},
+                                                step="timing"))
     run.add_s("scrub_wait", warm.scrub_wait_s)
     calls = calibration["calls"]
     sizes = _batch_sizes(config.timing_trials, calls)

@@ -36,7 +36,7 @@ from cutegen.evaluate.correctness import (
     unpredictable_seed,
 )
 from cutegen.evaluate.probe import trivial_solution_probe
-from cutegen.evaluate.timing import compile_reference, time_baseline
+from cutegen.evaluate.timing import compile_reference, give_back_cached, time_baseline
 from cutegen.evaluate.transfer import TransferError, let_go, open_outputs
 from cutegen.records import to_json
 from cutegen.tasks import task_module
@@ -200,17 +200,15 @@ class ReferenceSession:
 
         return int(torch.cuda.memory_reserved()) if self.device.type == "cuda" else 0
 
-    def _empty_cache(self) -> None:
+    def _empty_cache(self) -> int:
         """Give cached device memory back to the driver: only where the candidate's worker churns all
         free memory before its next call (at the end of `reference` and `trim`, before a candidate's
         first trial; at the end of `ghost_plan`, before its ghost_run; `give_back`, before its
         timing), and after each `compare_fresh` of a timed call, whose reference output answers
         inputs no later call gets. Otherwise, while candidates are served, freed blocks (float64 chunks of reference
-        outputs among them) stay in this process's allocator, out of a candidate's reach."""
-        import torch  # lazy: loading torch takes seconds
-
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        outputs among them) stay in this process's allocator, out of a candidate's reach. Returns the
+        bytes given back, which the driver then scrubs (timing.wait_for_scrub)."""
+        return give_back_cached() if self.device.type == "cuda" else 0
 
     # -- serving candidates
 
@@ -321,9 +319,8 @@ class ReferenceSession:
             self.basis_notes.pop(index, None)
             # Back to the driver: the candidate's later batches need the room, and what a block may
             # still hold (this call's reference output) answers inputs that no later call gets.
-            held = self.memory_bytes()
-            self._empty_cache()
-        return {**result, "freed_bytes": max(0, held - self.memory_bytes())}
+            freed = self._empty_cache()
+        return {**result, "freed_bytes": freed}
 
     def let_go(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's exported outputs that the parent chose not to compare: read as far as the
@@ -418,10 +415,8 @@ class ReferenceSession:
         an H200 the reference processes of KernelBench's 8 GB tasks reported 96 GiB at this point,
         and honest candidates ran out of memory in timing beside them. `freed_bytes`: what went back,
         which the driver then scrubs while the candidate's first calls run (timing.wait_for_scrub)."""
-        held = self.memory_bytes()
-        self._empty_cache()
-        left = self.memory_bytes()
-        return {"memory_bytes": left, "freed_bytes": max(0, held - left)}
+        freed = self._empty_cache()
+        return {"memory_bytes": self.memory_bytes(), "freed_bytes": freed}
 
     def ghost_judge(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The candidate's outputs before and after one perturbation against the reference's mask."""

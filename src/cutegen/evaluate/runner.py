@@ -26,7 +26,7 @@ from cutegen.evaluate.confine import builds_torch_extension, confine_candidate, 
 from cutegen.evaluate.context import CANDIDATE_FILE, Hooks, apply_track, runtime_from_json, task_from_json
 from cutegen.evaluate.correctness import DETERMINISM_FACTOR, bitwise_equal, build_model, make_inputs, to_device
 from cutegen.evaluate.guard import install as guard_install
-from cutegen.evaluate.timing import time_batch, wait_for_scrub, warm_up
+from cutegen.evaluate.timing import give_back_cached, time_batch, wait_for_scrub, warm_up
 from cutegen.evaluate.transfer import export_outputs
 from cutegen.records import to_json
 from cutegen.runtime import find_kernels, use_config
@@ -306,12 +306,8 @@ class CandidateSession:
         inputs beside it (KernelBench's 8.6 GB tasks left it 7 GiB on an H200); the exports stay.
         Returns once the driver's scrub of those blocks is over, so that it does not slow the next
         batch's timed calls (timing.wait_for_scrub)."""
-        import torch  # lazy: loading torch takes seconds
-
         if self.device.type == "cuda":
-            held = torch.cuda.memory_reserved()
-            torch.cuda.empty_cache()
-            wait_for_scrub(max(0, held - torch.cuda.memory_reserved()), 0.0)
+            wait_for_scrub(give_back_cached(), 0.0)
         return {}
 
     def kernel_audit(self, payload: dict[str, Any]) -> dict[str, Any]:

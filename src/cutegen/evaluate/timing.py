@@ -259,6 +259,16 @@ SCRUB_BYTES_PER_S = 400e9
 SCRUB_WAIT_CAP_S = 0.5
 
 
+def give_back_cached() -> int:
+    """torch.cuda.empty_cache() on the current device: the bytes its allocator gave back to the driver,
+    which the driver then scrubs (wait_for_scrub)."""
+    import torch  # lazy: loading torch takes seconds
+
+    held = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    return max(0, held - torch.cuda.memory_reserved())
+
+
 def scrub_wait_s(freed_bytes: int, elapsed_s: float) -> float:
     """Seconds still to wait, `elapsed_s` after `freed_bytes` went back to the driver, before its scrub
     is over (SCRUB_BYTES_PER_S, at most SCRUB_WAIT_CAP_S in all)."""
