@@ -536,6 +536,30 @@ def test_a_timed_calls_trial_is_made_on_the_device_even_where_kept_trials_live_o
     assert made == ["cuda"]
 
 
+def test_a_timed_calls_comparison_keeps_its_blocks_while_half_the_device_is_free(monkeypatch):
+    """compare_fresh gives its blocks back (which the driver then scrubs, and the parent waits out
+    before the next timed batch) only where less than half the device's memory is free; otherwise the
+    next comparison reuses them and nothing is waited for."""
+    import torch
+
+    from cutegen.evaluate import reference
+
+    free = {"bytes": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 100 << 30))
+    session = reference.ReferenceSession.__new__(reference.ReferenceSession)
+    session.device = torch.device("cuda")
+    session.trials, session.deltas, session.delta_notes, session.bases, session.basis_notes = [], {}, {}, {}, {}
+    session._fresh_trial = lambda plan: "trial"
+    session.compare = lambda payload: {"errors": {}}
+    emptied: list[bool] = []
+    session._empty_cache = lambda: emptied.append(True) or 6 << 30
+    for free["bytes"], gave in ((49 << 30, 6 << 30), (50 << 30, 0), (90 << 30, 0), (1 << 30, 6 << 30)):
+        assert session.compare_fresh({"seed": 1, "outputs": {}})["freed_bytes"] == gave
+    assert emptied == [True, True] and session.trials == []  # the fresh trial never outlives its comparison
+    session.device = torch.device("cpu")  # no driver to give anything back to
+    assert not session._short_of_room()
+
+
 def test_exact_delta_is_the_float64_result_minus_the_reference_and_refuses_random_forwards():
     import torch
     import torch.nn as nn

@@ -42,6 +42,12 @@ from cutegen.records import to_json
 from cutegen.tasks import task_module
 
 OOM_RETRY_S = 3.0  # before a reference that ran out of device memory tries again there
+# compare_fresh keeps its cached blocks for the next comparison while at least this share of the
+# device's memory is free: the worker frees nothing between timed batches, so its next batch needs no
+# more room than it already holds, and blocks given back would be scrubbed by the driver, which the
+# parent waits out before that batch (timing.wait_for_scrub; 1.5 s of a 6 s evaluation of KernelBench
+# level1/47 on the H200). Below it, as on the gigabyte tasks, they go back as before.
+KEEP_CACHE_FREE_SHARE = 0.5
 
 
 def _model_class(module: Any) -> Any:
@@ -204,9 +210,9 @@ class ReferenceSession:
         """Give cached device memory back to the driver: only where the candidate's worker churns all
         free memory before its next call (at the end of `reference` and `trim`, before a candidate's
         first trial; at the end of `ghost_plan`, before its ghost_run; `give_back`, before its
-        timing), and after each `compare_fresh` of a timed call, whose reference output answers
-        inputs no later call gets. Otherwise, while candidates are served, freed blocks (float64 chunks of reference
-        outputs among them) stay in this process's allocator, out of a candidate's reach. Returns the
+        timing), and after a `compare_fresh` of a timed call where the device is short of room.
+        Otherwise, while candidates are served, freed blocks (float64 chunks of reference outputs
+        among them) stay in this process's allocator, out of a candidate's reach. Returns the
         bytes given back, which the driver then scrubs (timing.wait_for_scrub)."""
         return give_back_cached() if self.device.type == "cuda" else 0
 
@@ -300,8 +306,9 @@ class ReferenceSession:
     def compare_fresh(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's outputs (chosen by the parent after the call ran) against the reference run
         now on the same inputs, drawn from the call's seed, by the rule of `compare`. The trial lives
-        only for this comparison; its memory goes back to the driver after it (`freed_bytes`, which
-        the driver scrubs: the parent waits for that before the next timed batch)."""
+        only for this comparison. Its memory goes back to the driver after it where the device is short
+        of room (`freed_bytes`, which the driver scrubs: the parent waits for that before the next
+        timed batch); otherwise the next comparison reuses it (KEEP_CACHE_FREE_SHARE)."""
 
         seed = int(payload["seed"])
         plan = {"seed": seed, "weight": 0, "adversarial": False}
@@ -317,10 +324,19 @@ class ReferenceSession:
             self.delta_notes.pop(index, None)
             self.bases.pop(index, None)
             self.basis_notes.pop(index, None)
-            # Back to the driver: the candidate's later batches need the room, and what a block may
-            # still hold (this call's reference output) answers inputs that no later call gets.
-            freed = self._empty_cache()
+            # Back to the driver when the candidate's later batches may need the room. Kept, a block
+            # still holds this call's reference output, which answers inputs no later call gets.
+            freed = self._empty_cache() if self._short_of_room() else 0
         return {**result, "freed_bytes": freed}
+
+    def _short_of_room(self) -> bool:
+        """Whether less than KEEP_CACHE_FREE_SHARE of the device's memory is free (never on a CPU)."""
+        import torch  # lazy: loading torch takes seconds
+
+        if self.device.type != "cuda":
+            return False
+        free, total = torch.cuda.mem_get_info(self.device)
+        return free < KEEP_CACHE_FREE_SHARE * total
 
     def let_go(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's exported outputs that the parent chose not to compare: read as far as the
