@@ -536,10 +536,11 @@ def test_a_timed_calls_trial_is_made_on_the_device_even_where_kept_trials_live_o
     assert made == ["cuda"]
 
 
-def test_a_timed_calls_comparison_keeps_its_blocks_while_half_the_device_is_free(monkeypatch):
+def test_a_timed_calls_comparison_keeps_its_blocks_while_it_fits(monkeypatch):
     """compare_fresh gives its blocks back (which the driver then scrubs, and the parent waits out
-    before the next timed batch) only where less than half the device's memory is free; otherwise the
-    next comparison reuses them and nothing is waited for."""
+    before the next timed batch) only where less than a tenth of the device's memory is free, or once
+    one of the task's comparisons ran out of memory (the worker then gave its own blocks back and must
+    grow again); otherwise the next comparison reuses them and nothing is waited for."""
     import torch
 
     from cutegen.evaluate import reference
@@ -547,15 +548,28 @@ def test_a_timed_calls_comparison_keeps_its_blocks_while_half_the_device_is_free
     free = {"bytes": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 100 << 30))
     session = reference.ReferenceSession.__new__(reference.ReferenceSession)
-    session.device = torch.device("cuda")
+    session.device, session.comparisons_short = torch.device("cuda"), False
     session.trials, session.deltas, session.delta_notes, session.bases, session.basis_notes = [], {}, {}, {}, {}
     session._fresh_trial = lambda plan: "trial"
-    session.compare = lambda payload: {"errors": {}}
+    outcome = {"oom": False}
+
+    def compare(payload):
+        if outcome["oom"]:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return {"errors": {}}
+
+    session.compare = compare
     emptied: list[bool] = []
     session._empty_cache = lambda: emptied.append(True) or 6 << 30
-    for free["bytes"], gave in ((49 << 30, 6 << 30), (50 << 30, 0), (90 << 30, 0), (1 << 30, 6 << 30)):
+    for free["bytes"], gave in ((9 << 30, 6 << 30), (10 << 30, 0), (90 << 30, 0), (1 << 30, 6 << 30)):
         assert session.compare_fresh({"seed": 1, "outputs": {}})["freed_bytes"] == gave
     assert emptied == [True, True] and session.trials == []  # the fresh trial never outlives its comparison
+    outcome["oom"] = True
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        session.compare_fresh({"seed": 2, "outputs": {}})
+    assert emptied == [True, True, True] and session.trials == []
+    outcome["oom"] = False  # the same room as before, but this task's comparisons no longer keep theirs
+    assert session.compare_fresh({"seed": 3, "outputs": {}})["freed_bytes"] == 6 << 30
     session.device = torch.device("cpu")  # no driver to give anything back to
     assert not session._short_of_room()
 

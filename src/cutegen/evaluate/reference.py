@@ -42,12 +42,14 @@ from cutegen.records import to_json
 from cutegen.tasks import task_module
 
 OOM_RETRY_S = 3.0  # before a reference that ran out of device memory tries again there
-# compare_fresh keeps its cached blocks for the next comparison while at least this share of the
-# device's memory is free: the worker frees nothing between timed batches, so its next batch needs no
-# more room than it already holds, and blocks given back would be scrubbed by the driver, which the
-# parent waits out before that batch (timing.wait_for_scrub; 1.5 s of a 6 s evaluation of KernelBench
-# level1/47 on the H200). Below it, as on the gigabyte tasks, they go back as before.
-KEEP_CACHE_FREE_SHARE = 0.5
+# compare_fresh keeps its cached blocks for the next comparison (the same sizes again) while at least
+# this share of the device's memory is free and none of the task's comparisons ran out of memory. The
+# worker frees nothing between timed batches, so its next batch needs no more room than it already
+# holds unless it gave its blocks back for a comparison; the share is a cushion for the allocators'
+# rounding and for other processes. Blocks given back would be scrubbed by the driver, which the parent
+# waits out before the next batch (timing.wait_for_scrub: 1.5 s of a 6 s evaluation of KernelBench
+# level1/47 on the H200, 0.9 s of level1/48's).
+KEEP_CACHE_FREE_SHARE = 0.1
 
 
 def _model_class(module: Any) -> Any:
@@ -74,6 +76,7 @@ class ReferenceSession:
 
         self.job = job
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
+        self.comparisons_short = False  # a timed call's comparison ran out of memory (_short_of_room)
         if not job.get("reusable"):
             _not_dumpable()
         apply_track(job["track"])
@@ -310,16 +313,21 @@ class ReferenceSession:
         of room (`freed_bytes`, which the driver scrubs: the parent waits for that before the next
         timed batch); otherwise the next comparison reuses it (KEEP_CACHE_FREE_SHARE)."""
 
+        import torch  # lazy: loading torch takes seconds
+
         seed = int(payload["seed"])
         plan = {"seed": seed, "weight": 0, "adversarial": False}
         index = len(self.trials)
         started = time.perf_counter()
-        self.trials.append(self._fresh_trial(plan))
-        trial_s = time.perf_counter() - started  # the rest of the reply's time is the comparison's
         try:
+            self.trials.append(self._fresh_trial(plan))
+            trial_s = time.perf_counter() - started  # the rest of the reply's time is the comparison's
             result = {**self.compare({"trial": index, "outputs": payload["outputs"]}), "trial_s": trial_s}
+        except torch.cuda.OutOfMemoryError:
+            self.comparisons_short = True  # the worker gives its blocks back (the parent's `room`)
+            raise
         finally:
-            self.trials.pop()
+            del self.trials[index:]
             self.deltas.pop(index, None)
             self.delta_notes.pop(index, None)
             self.bases.pop(index, None)
@@ -330,13 +338,15 @@ class ReferenceSession:
         return {**result, "freed_bytes": freed}
 
     def _short_of_room(self) -> bool:
-        """Whether less than KEEP_CACHE_FREE_SHARE of the device's memory is free (never on a CPU)."""
+        """Whether a timed call's comparison gives its blocks back (KEEP_CACHE_FREE_SHARE): one of the
+        task's comparisons ran out of device memory, or less than that share of it is free. Never on a
+        CPU."""
         import torch  # lazy: loading torch takes seconds
 
         if self.device.type != "cuda":
             return False
         free, total = torch.cuda.mem_get_info(self.device)
-        return free < KEEP_CACHE_FREE_SHARE * total
+        return self.comparisons_short or free < KEEP_CACHE_FREE_SHARE * total
 
     def let_go(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A timed call's exported outputs that the parent chose not to compare: read as far as the
@@ -355,6 +365,7 @@ class ReferenceSession:
             try:
                 return reference_trial(self.module, self.models[0], plan, self.device, True, self.device)
             except torch.cuda.OutOfMemoryError:
+                self.comparisons_short = True
                 self._empty_cache()
         return reference_trial(self.module, self.models[0], plan, self.device, True, self.home)
 
