@@ -437,6 +437,28 @@ def test_cpu_only_fallbacks():
         assert result["kernels"] == [] and "no CUDA" in result["skipped"]
 
 
+def test_a_profile_with_no_device_event_is_told_apart_by_the_judges_canary(monkeypatch):
+    """CUPTI can fail to start (CUPTI_ERROR_NOT_INITIALIZED: an honest candidate was once rejected for
+    "none of its own kernels ran"). An empty profile is followed by a canary profiled alone: seen, the
+    forward is profiled again and that profile counts, so a forward that launches nothing still fails;
+    not seen, the audit says it was skipped (the parent's infrastructure verdict), never "own kernels"."""
+    from cutegen.evaluate import checks_dynamic
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for profiles, own, skipped in (
+        ([["my_kernel"]], ["my_kernel"], None),  # seen at once: no canary
+        ([[], ["vectorized_elementwise_kernel"], ["my_kernel"]], ["my_kernel"], None),  # CUPTI late
+        ([[], ["vectorized_elementwise_kernel"], []], [], None),  # the forward launches nothing
+        ([[], []], [], "no device activity"),  # the profiler sees nothing at all
+    ):
+        left = list(profiles)
+        monkeypatch.setattr(checks_dynamic, "_profiled_kernel_names", lambda fn, inputs: left.pop(0))
+        monkeypatch.setattr(checks_dynamic.torch, "zeros", lambda *a, **k: torch.empty(1))  # no device here
+        result = audit_kernels(lambda x: x, [torch.ones(2)])
+        assert not left and result["own_kernels"] == own and result["library_kernels"] == []
+        assert (skipped is None and result["skipped"] is None) or skipped in result["skipped"]
+
+
 def test_dispatch_evasion_hides_from_the_op_audit():
     """Why the kernel audit exists: with the dispatch mode popped, the op audit sees no compute,
     although forward computed the right product with torch (aten.mm when the audit can see it)."""

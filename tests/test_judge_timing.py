@@ -391,6 +391,29 @@ def test_determinism_and_audit_replies_read_into_what_their_checks_judge():
     assert not checks["audit_kernels"].passed and "sgemm" in checks["audit_kernels"].detail
 
 
+def test_a_kernel_audit_the_profiler_could_not_see_is_not_a_verdict_on_the_candidate():
+    """The audit's reply says the profiler saw nothing (not even the judge's canary): the evaluation
+    ends as an infrastructure failure named kernel_audit_unavailable, never accepted, never blamed."""
+    from cutegen.evaluate.pipeline import _judge_kernel_audit
+    from cutegen.evaluate.verdict import Stop, VerdictBuilder
+
+    config = EvalConfig(device="cuda", backend="cuda")
+    run = VerdictBuilder("t", "0" * 64, config)
+    blind = KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": [],
+                                                "skipped": "the profiler recorded no device activity"}})
+    with pytest.raises(Stop):
+        _judge_kernel_audit(run, blind, config)
+    verdict = run.verdict()
+    assert not verdict.passed and verdict.infrastructure and verdict.failure == "kernel_audit_unavailable"
+    assert "Not a verdict on the candidate" in verdict.feedback
+    seen = VerdictBuilder("t", "0" * 64, config)
+    _judge_kernel_audit(seen, KernelAuditReply.parse({"kernels": {"own_kernels": ["k"], "library_kernels": []}}),
+                        config)
+    assert seen.failure is None and not seen.fields.get("infrastructure")
+    with pytest.raises(ReplyMalformed, match="kernels.skipped holds 1"):
+        KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": [], "skipped": 1}})
+
+
 def _correctness_stage_against(monkeypatch, answer, trials: list[dict]):
     """The correctness stage run against a worker whose reply to each command is `answer(command)`
     (the reference answers every comparison with nothing); the record it judged."""

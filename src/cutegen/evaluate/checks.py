@@ -224,6 +224,9 @@ RUN = (
     Check("reference_failed", INFRASTRUCTURE, REFERENCE,
           "the task's reference process failed in a command of its own (out of memory beside the candidate, say):"
           " not a verdict on the candidate; the run goes on with a new reference process"),
+    Check("kernel_audit_unavailable", INFRASTRUCTURE, WORKER,
+          "the profiler recorded no device activity in the kernel audit, not even a kernel of the judge's own"
+          " (CUPTI did not start): not a verdict on the candidate"),
     Check("environment_poisoned", INFRASTRUCTURE, CONFINEMENT,
           "a file the judge imports was changed by an earlier candidate on a machine without Landlock: nothing is"
           " judged until it is reinstalled"),

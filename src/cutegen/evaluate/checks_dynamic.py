@@ -156,23 +156,43 @@ def audit_kernels(fn: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, An
     "skipped": None or why}; names are distinct, in launch order. The caller requires own_kernels to
     be non-empty and library_kernels empty where own kernels are required (backends cute, cuda).
     Without CUDA nothing can be seen: the lists are empty and "skipped" says so.
+
+    A profile with no device event at all may be the profiler's failure, not the candidate's: CUPTI
+    can fail to start (CUPTI_ERROR_NOT_INITIALIZED, seen once in 39 evaluations on the H200, an honest
+    candidate then rejected). A canary (one aten kernel of this function's own, profiled alone) then
+    tells the two apart: seen, the forward is profiled once more and that profile counts; not seen,
+    "skipped" says the profiler saw nothing, which the parent reports as not a verdict on the candidate.
+    A candidate that breaks the profiler itself gains nothing: it is not accepted either way.
     """
     result: dict[str, Any] = {"kernels": [], "own_kernels": [], "library_kernels": [],
                               "prep_kernels": [], "skipped": None}
     if not torch.cuda.is_available():
         result["skipped"] = "no CUDA device: the kernel audit needs one"
         return result
+    names = _profiled_kernel_names(fn, inputs)
+    if not names:
+        canary = torch.zeros(1, device="cuda")
+        if not _profiled_kernel_names(lambda t: t.add_(1), [canary]):
+            result["skipped"] = ("the profiler recorded no device activity, not even a kernel of the judge's own"
+                                 " (CUPTI did not start)")
+            return result
+        names = _profiled_kernel_names(fn, inputs)
+    for name in names:
+        if name not in result["kernels"]:
+            result["kernels"].append(name)
+            result[f"{classify_kernel(name)}_kernels"].append(name)
+    return result
+
+
+def _profiled_kernel_names(fn: Callable[..., Any], inputs: Sequence[Any]) -> list[str]:
+    """The device-side events of `fn(*inputs)`, run once under the profiler (_cuda_kernel_names)."""
     from torch.profiler import ProfilerActivity, profile  # lazy: loading torch takes seconds
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn(*inputs)
         torch.cuda.synchronize()
-    for name in _cuda_kernel_names(prof):
-        if name not in result["kernels"]:
-            result["kernels"].append(name)
-            result[f"{classify_kernel(name)}_kernels"].append(name)
-    return result
+    return _cuda_kernel_names(prof)
 
 
 def _cuda_kernel_names(prof: Any) -> list[str]:

@@ -328,16 +328,22 @@ class AnticheatReply(AfterImport):
 @dataclass(frozen=True)
 class KernelAuditReply(AfterImport):
     """The answer to `kernel_audit` (runner.kernel_audit, checks_dynamic.audit_kernels): the kernels one
-    forward launched, sorted into the candidate's own and the libraries'."""
+    forward launched, sorted into the candidate's own and the libraries'; `skipped`, why the profiler
+    could see none (not the candidate's failure), else None."""
 
     own_kernels: tuple[str, ...]
     library_kernels: tuple[str, ...]
+    skipped: str | None = None
 
     @classmethod
     def parse(cls, data: Any) -> "KernelAuditReply":
         data = _object(data, "a kernel audit's reply")
         kernels = _object(data.get("kernels"), "kernels")
-        return cls(_strings(kernels, "own_kernels"), _strings(kernels, "library_kernels"), **_integrity(data))
+        skipped = kernels.get("skipped")
+        if skipped is not None and not isinstance(skipped, str):
+            raise ReplyMalformed(f"kernels.skipped holds {skipped!r}: a reason, or null")
+        return cls(_strings(kernels, "own_kernels"), _strings(kernels, "library_kernels"), skipped or None,
+                   **_integrity(data))
 
     def checked(self) -> dict[str, Any]:
         """The audit as anticheat.judge_dynamic_checks reads it."""

@@ -383,9 +383,8 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             # judged first, as it can void the timing.
             if applies("audit_kernels", config.backend) and config.device == "cuda":
                 run.stage = "anticheat"
-                kernels = _typed(call, KernelAuditReply.parse, call("kernel_audit", _trial_payload(ref, 0)))
-                _judge_integrity(run, kernels)
-                _judge_anticheat(run, kernels.checked(), config)
+                _judge_kernel_audit(run, _typed(call, KernelAuditReply.parse,
+                                                call("kernel_audit", _trial_payload(ref, 0))), config)
             if timing is not None:
                 run.stage = "timing"
                 _judge_timing(run, timing, calibration, task, config, ref, ref.data["dtype"])
@@ -395,6 +394,19 @@ def _lane_stages(run: VerdictBuilder, source: str, task: Task, config: EvalConfi
             # The pool closes the worker (in the background on a GPU: see WorkerPool.close_later);
             # what it printed so far is the log tail.
             run.log_tail = run.log_tail or worker.log_tail()
+
+
+def _judge_kernel_audit(run: VerdictBuilder, kernels: KernelAuditReply, config: EvalConfig) -> None:
+    """The kernel audit's reply: the integrity it reports, then its kernels; where the profiler saw
+    nothing at all (checks_dynamic.audit_kernels: not even the judge's canary), not a verdict on the
+    candidate."""
+    _judge_integrity(run, kernels)
+    if kernels.skipped:
+        run.set(infrastructure=True)
+        run.fail("kernel_audit_unavailable", f"Not a verdict on the candidate: {kernels.skipped}, so the kernels"
+                 " its forward launched could not be audited. Evaluate it again; if this repeats, check that the"
+                 " CUDA profiler (CUPTI) works on this machine.")
+    _judge_anticheat(run, kernels.checked(), config)
 
 
 def _note_reference(run: VerdictBuilder, ref: Any) -> None:
