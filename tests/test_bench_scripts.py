@@ -85,10 +85,10 @@ def test_two_baseline_files_are_compared_task_by_task(tmp_path):
 
 
 def test_the_throughput_report_of_the_recorded_parts_is_the_table_of_record(tmp_path):
-    """Parts P and Q, merged again, give bench/results/throughput-h200.md and .json exactly."""
+    """Parts S and T, merged again, give bench/results/throughput-h200.md and .json exactly."""
     results = REPO / "bench" / "results"
     run = subprocess.run([sys.executable, str(BENCH / "throughput_report.py"), "--out", str(tmp_path),
-                          str(results / "throughput-h200-partP.json"), str(results / "throughput-h200-partQ.json")],
+                          str(results / "throughput-h200-partS.json"), str(results / "throughput-h200-partT.json")],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "throughput-h200.md").read_text() == (results / "throughput-h200.md").read_text()
