@@ -606,6 +606,16 @@ def test_kernel_audit_counts_fills_and_copies_as_prep():
 
 @gpu
 @needs_cuda
+def test_a_forward_that_launches_nothing_is_audited_as_such_the_canary_kept_out():
+    """On a working profiler an empty profile brings the canary (seen) and a second profile (empty
+    again): no kernel at all, nothing skipped, and the canary's own kernel in no list."""
+    x = torch.randn(64, 32, device="cuda")
+    result = audit_kernels(lambda t: t, [x])
+    assert result["skipped"] is None and result["kernels"] == [] and result["own_kernels"] == []
+
+
+@gpu
+@needs_cuda
 def test_kernel_audit_finds_an_own_triton_kernel():
     triton = pytest.importorskip("triton")
     import triton.language as tl
