@@ -337,3 +337,56 @@ def test_a_kernel_past_the_target_and_both_baselines_stops_the_task(recorded_run
     assert status == EXIT_DONE and end["reason"] == ("target reached: best kernel at 96% of the reference algorithm's"
                                                      " work bound and 1.01x torch.compile, the faster baseline")
     assert end["steps"] == 2  # stopped after the repair: no optimization round was asked
+
+
+class _FirstVerdictNotTheCandidates:
+    """This machine's executor, but the first `blind` verdicts of each evaluation are made infrastructure
+    verdicts (as a blind profiler or a GPU shared past the evaluator's waits would give)."""
+
+    def __init__(self, executor, blind: int) -> None:
+        self.executor, self.blind, self.calls = executor, blind, 0
+        self.slots, self.lanes, self.build_jobs, self.retries = executor.slots, 1, executor.build_jobs, []
+
+    def evaluate(self, path, task, config, **kwargs):
+        from dataclasses import replace
+
+        self.calls += 1
+        verdict = self.executor.evaluate(path, task, config, **kwargs)
+        if self.calls > self.blind:
+            return verdict
+        return replace(verdict, passed=False, infrastructure=True, failure="kernel_audit_unavailable",
+                       feedback="Not a verdict on the candidate: the profiler recorded no device activity")
+
+    def device_available(self):
+        return True
+
+    def profile(self, profiler, path, task, config):
+        return None
+
+    def close(self):
+        self.executor.close()
+
+
+@pytest.mark.parametrize("blind", [1, 2])
+def test_an_infrastructure_verdict_is_judged_again_before_the_model_hears_of_it(tmp_path, eval_cache, blind):
+    """A verdict that is not one on the candidate is journaled as `evaluate_retry` and the candidate
+    judged once more: the step carries the second verdict (the candidate's own), or, when that is
+    again not the candidate's, that one, which says so; never more than INFRASTRUCTURE_RETRIES again."""
+    from cutegen.agent import INFRASTRUCTURE_RETRIES
+    from cutegen.evaluate.executor import LocalExecutor
+
+    config = AgentConfig(rounds=0, repairs=0, generations=1, profiling="none")
+    evaluation = eval_config(eval_cache)
+    journal, provider = start(tmp_path, REPLAY, config, evaluation)
+    with LocalExecutor(evaluation) as local:
+        executor = _FirstVerdictNotTheCandidates(local, blind)
+        run_agent(journal, provider, config, evaluation, executor=executor)
+    done = Journal.open(journal.run_dir)
+    (step,) = done.steps()
+    retries = done.of_kind("evaluate_retry")
+    assert INFRASTRUCTURE_RETRIES == 1 and executor.calls == 2 and len(retries) == 1
+    assert retries[0]["reason"].startswith("kernel_audit_unavailable") and retries[0]["where"] == "the evaluator"
+    if blind == 1:  # the candidate's own verdict: the recorded first reply does not import
+        assert not step.verdict.infrastructure and step.verdict.failure != "kernel_audit_unavailable"
+    else:
+        assert step.verdict.infrastructure and "Not a verdict on the candidate" in step.verdict.feedback

@@ -43,8 +43,9 @@ both are in the journal: a resumed run walks the same path from the start, takin
 journal (keyed by request hash) and each verdict from it (keyed by candidate, task and evaluation
 settings), so no recorded model call and no finished evaluation is repeated. The budget is checked
 only before new spending; calls in flight count as spent, so a batch stops at the call limit exactly.
-An evaluation the executor had to send again (its cluster node died) is journaled as
-`evaluate_retry`; it still gives one step.
+An evaluation the executor had to send again (its cluster node died), or that ended in a verdict
+that is not one on the candidate (`Verdict.infrastructure`: judged again, INFRASTRUCTURE_RETRIES
+times at most), is journaled as `evaluate_retry`; it still gives one step.
 
 Exit statuses of a session (`Agent.run`, and the `cutegen optimize` / `cutegen resume` commands):
     0   every task finished (see the report for which found a correct kernel);
@@ -86,6 +87,10 @@ from cutegen.trace import trace_task
 EXIT_DONE = 0
 EXIT_WAITING = 75
 EXIT_NEEDS_GPU = 76
+# Evaluations sent again after a verdict that is not one on the candidate (Verdict.infrastructure).
+# One: the evaluator has already waited for a shared GPU inside it (contention.py), so a second such
+# verdict is the machine's state, which the model then hears of as that verdict says.
+INFRASTRUCTURE_RETRIES = 1
 
 Profiler = Callable[[Path, Task, EvalConfig], "str | None"]
 Progress = Callable[[TaskResult, str], None]
@@ -471,8 +476,18 @@ class Agent:
             self.journal.append("evaluate_retry", eval_key=key, **to_json(retry))
 
         try:
-            return self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
-                                          device_available=available, on_retry=on_retry)
+            verdict = self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
+                                             device_available=available, on_retry=on_retry)
+            for attempt in range(1, INFRASTRUCTURE_RETRIES + 1):
+                if not verdict.infrastructure:
+                    break
+                # Not a verdict on the candidate (a GPU shared past the evaluator's own waits, a blind
+                # profiler, a failed reference process): judged again before the model is told it failed.
+                on_retry(EvaluateRetry(task.task_id, candidate.sha256, attempt,
+                                       f"{verdict.failure}: not a verdict on the candidate", "the evaluator"))
+                verdict = self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
+                                                 device_available=available, on_retry=on_retry)
+            return verdict
         except NeedsDevice:
             return None
 

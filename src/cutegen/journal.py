@@ -17,8 +17,8 @@ copied to another machine and resumed there):
 Record kinds: `run` (first line: settings and tasks), `session` (each start or resume), `reply`
 (a model call returned: written before its candidate is evaluated, so a kill never repeats a paid
 call; a `directions` call of a beam search has a reply and no step), `evaluate` (an evaluation
-started), `evaluate_retry` (an executor sent it again: the process or cluster node running it died;
-records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply, verdict, and its place
+started), `evaluate_retry` (it was sent again: the process or cluster node running it died, or its
+verdict was not one on the candidate; records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply, verdict, and its place
 in the search tree: parent candidate, direction, idea), `profile` (profiler text of a kernel),
 `task_end` (why a task stopped), `library_examples` (the kernel library's examples a task's prompts
 show, chosen when it first starts: library.examples_for_task), `exit` (a session ended, with its

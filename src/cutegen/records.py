@@ -229,14 +229,15 @@ class Verdict:
 
 @dataclass(frozen=True)
 class EvaluateRetry:
-    """An evaluation sent again because the process or node running it died (executor.py); the
-    driver journals it (`evaluate_retry`) beside the evaluation's one step."""
+    """An evaluation sent again because the process or node running it died (executor.py), or because
+    its verdict was not one on the candidate (Verdict.infrastructure; agent.py); the driver journals
+    it (`evaluate_retry`) beside the evaluation's one step."""
 
     task_id: str
     candidate_sha256: str
     attempt: int  # 1 for the first retry
     reason: str  # what the executor was told (e.g. Ray's actor error)
-    where: str  # the node and process that was lost
+    where: str  # the node and process that was lost ("the evaluator" for an infrastructure verdict)
 
 
 @dataclass(frozen=True)
