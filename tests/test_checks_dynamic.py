@@ -439,24 +439,35 @@ def test_cpu_only_fallbacks():
 
 def test_a_profile_with_no_device_event_is_told_apart_by_the_judges_canary(monkeypatch):
     """CUPTI can fail to start (CUPTI_ERROR_NOT_INITIALIZED: an honest candidate was once rejected for
-    "none of its own kernels ran"). An empty profile is followed by a canary profiled alone: seen, the
-    forward is profiled again and that profile counts, so a forward that launches nothing still fails;
-    not seen, the audit says it was skipped (the parent's infrastructure verdict), never "own kernels"."""
+    "none of its own kernels ran"). An empty profile is followed by the judge's canary profiled alone:
+    seen, the forward is profiled again and that profile counts, so a forward that launches nothing
+    still fails; not seen although it ran, the audit is blind (the parent's infrastructure verdict),
+    never "own kernels"; a canary that did not run (a candidate in its way) leaves the empty profile."""
     from cutegen.evaluate import checks_dynamic
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for profiles, own, skipped in (
-        ([["my_kernel"]], ["my_kernel"], None),  # seen at once: no canary
-        ([[], ["vectorized_elementwise_kernel"], ["my_kernel"]], ["my_kernel"], None),  # CUPTI late
-        ([[], ["vectorized_elementwise_kernel"], []], [], None),  # the forward launches nothing
-        ([[], []], [], "no device activity"),  # the profiler sees nothing at all
+    monkeypatch.setattr(checks_dynamic, "_CANARY_ZEROS", lambda *a, **k: torch.zeros(1))  # no device here
+    forward = lambda x: x  # noqa: E731
+    for profiles, own, blind, canary_runs in (
+        ([["my_kernel"]], ["my_kernel"], False, True),  # seen at once: no canary
+        ([[], ["vectorized_elementwise_kernel"], ["my_kernel"]], ["my_kernel"], False, True),  # CUPTI late
+        ([[], ["vectorized_elementwise_kernel"], []], [], False, True),  # the forward launches nothing
+        ([[], []], [], True, True),  # the profiler sees nothing at all
+        ([[], []], [], False, False),  # the canary was kept from running: judged on the empty profile
     ):
-        left = list(profiles)
-        monkeypatch.setattr(checks_dynamic, "_profiled_kernel_names", lambda fn, inputs: left.pop(0))
-        monkeypatch.setattr(checks_dynamic.torch, "zeros", lambda *a, **k: torch.empty(1))  # no device here
-        result = audit_kernels(lambda x: x, [torch.ones(2)])
+        left, ran = list(profiles), []
+
+        def profiled(fn, inputs):
+            ran.append(fn is forward)
+            if fn is forward or canary_runs:
+                fn(*inputs)
+            return left.pop(0)
+
+        monkeypatch.setattr(checks_dynamic, "_profiled_kernel_names", profiled)
+        result = audit_kernels(forward, [torch.ones(2)])
         assert not left and result["own_kernels"] == own and result["library_kernels"] == []
-        assert (skipped is None and result["skipped"] is None) or skipped in result["skipped"]
+        assert result["blind"] is blind and (result["skipped"] is not None) is blind
+        assert ran[0] and all(ran[2:]) and (len(ran) < 2 or not ran[1])  # the forward, the canary, the forward
 
 
 def test_dispatch_evasion_hides_from_the_op_audit():

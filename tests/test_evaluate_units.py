@@ -564,12 +564,14 @@ def test_a_timed_calls_comparison_keeps_its_blocks_while_it_fits(monkeypatch):
     for free["bytes"], gave in ((9 << 30, 6 << 30), (10 << 30, 0), (90 << 30, 0), (1 << 30, 6 << 30)):
         assert session.compare_fresh({"seed": 1, "outputs": {}})["freed_bytes"] == gave
     assert emptied == [True, True] and session.trials == []  # the fresh trial never outlives its comparison
-    outcome["oom"] = True
+    session.trials = ["kept trial"]  # a trial kept from correctness: never dropped with a fresh one
+    free["bytes"], outcome["oom"] = 90 << 30, True  # room enough, but this comparison runs out of memory
     with pytest.raises(torch.cuda.OutOfMemoryError):
         session.compare_fresh({"seed": 2, "outputs": {}})
-    assert emptied == [True, True, True] and session.trials == []
-    outcome["oom"] = False  # the same room as before, but this task's comparisons no longer keep theirs
+    assert emptied == [True, True, True] and session.trials == ["kept trial"]
+    outcome["oom"] = False  # the same room, but this task's comparisons no longer keep theirs
     assert session.compare_fresh({"seed": 3, "outputs": {}})["freed_bytes"] == 6 << 30
+    assert session.trials == ["kept trial"]
     session.device = torch.device("cpu")  # no driver to give anything back to
     assert not session._short_of_room()
 

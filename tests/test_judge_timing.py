@@ -392,26 +392,41 @@ def test_determinism_and_audit_replies_read_into_what_their_checks_judge():
 
 
 def test_a_kernel_audit_the_profiler_could_not_see_is_not_a_verdict_on_the_candidate():
-    """The audit's reply says the profiler saw nothing (not even the judge's canary): the evaluation
-    ends as an infrastructure failure named kernel_audit_unavailable, never accepted, never blamed."""
+    """The audit's reply says the profiler was blind (not even the judge's canary seen): the evaluation
+    ends as an infrastructure failure named kernel_audit_unavailable, never accepted, never blamed,
+    unless the same reply reports the candidate's tampering, which is judged first. A blind reply
+    that lists kernels, or a `blind` that is not a boolean, is the protocol broken."""
     from cutegen.evaluate.pipeline import _judge_kernel_audit
     from cutegen.evaluate.verdict import Stop, VerdictBuilder
 
     config = EvalConfig(device="cuda", backend="cuda")
+    blind = {"kernels": {"own_kernels": [], "library_kernels": [], "blind": True, "skipped": "whatever"}}
     run = VerdictBuilder("t", "0" * 64, config)
-    blind = KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": [],
-                                                "skipped": "the profiler recorded no device activity"}})
     with pytest.raises(Stop):
-        _judge_kernel_audit(run, blind, config)
+        _judge_kernel_audit(run, KernelAuditReply.parse(blind), config)
     verdict = run.verdict()
     assert not verdict.passed and verdict.infrastructure and verdict.failure == "kernel_audit_unavailable"
-    assert "Not a verdict on the candidate" in verdict.feedback
+    assert "Not a verdict on the candidate" in verdict.feedback and "whatever" not in verdict.feedback
+    tampered = VerdictBuilder("t", "0" * 64, config)
+    with pytest.raises(Stop):
+        _judge_kernel_audit(tampered, KernelAuditReply.parse({**blind, "state_changes": ["torch.zeros replaced"]}),
+                            config)
+    assert tampered.failure == "global_state_changes" and not tampered.verdict().infrastructure
     seen = VerdictBuilder("t", "0" * 64, config)
     _judge_kernel_audit(seen, KernelAuditReply.parse({"kernels": {"own_kernels": ["k"], "library_kernels": []}}),
                         config)
     assert seen.failure is None and not seen.fields.get("infrastructure")
-    with pytest.raises(ReplyMalformed, match="kernels.skipped holds 1"):
-        KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": [], "skipped": 1}})
+    # no CUDA in the worker of a CUDA evaluation (skipped, not blind): judged on the empty lists
+    unseen = VerdictBuilder("t", "0" * 64, config)
+    with pytest.raises(Stop):
+        _judge_kernel_audit(unseen, KernelAuditReply.parse(
+            {"kernels": {"own_kernels": [], "library_kernels": [], "skipped": "no CUDA device", "blind": False}}),
+            config)
+    assert unseen.failure == "audit_kernels" and not unseen.verdict().infrastructure
+    with pytest.raises(ReplyMalformed, match="kernels.blind holds 1"):
+        KernelAuditReply.parse({"kernels": {"own_kernels": [], "library_kernels": [], "blind": 1}})
+    with pytest.raises(ReplyMalformed, match="lists kernels it cannot have seen"):
+        KernelAuditReply.parse({"kernels": {"own_kernels": ["k"], "library_kernels": [], "blind": True}})
 
 
 def _correctness_stage_against(monkeypatch, answer, trials: list[dict]):

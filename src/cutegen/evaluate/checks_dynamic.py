@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cutegen.config import BACKENDS, OWN_KERNEL_BACKENDS
@@ -147,36 +148,48 @@ def classify_kernel(name: str) -> str:
     return "own"
 
 
+# The kernel audit's canary, bound when the worker imports this module, before the candidate's import:
+# a candidate that replaces `torch.zeros` or `torch.Tensor.add_` later does not reach these (the C type's
+# methods cannot be replaced at all).
+_CANARY_ZEROS = torch.zeros
+_CANARY_ADD = torch._C.TensorBase.add_
+
+
 def audit_kernels(fn: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, Any]:
-    """Run `fn(*inputs)` once under the profiler and sort the CUDA kernels it launched.
+    """Run `fn(*inputs)` under the profiler (once, or twice: below) and sort the CUDA kernels it launched.
 
     Defeats doing the work in cuBLAS/cuDNN/aten kernels while hiding from the op audit (a dispatch
     mode switched off, a C++ extension calling cuBLAS), and "own" kernels that never run. Returns
     {"kernels": [...], "own_kernels": [...], "library_kernels": [...], "prep_kernels": [...],
-    "skipped": None or why}; names are distinct, in launch order. The caller requires own_kernels to
-    be non-empty and library_kernels empty where own kernels are required (backends cute, cuda).
-    Without CUDA nothing can be seen: the lists are empty and "skipped" says so.
+    "skipped": None or why, "blind": bool}; names are distinct, in launch order. The caller requires
+    own_kernels to be non-empty and library_kernels empty where own kernels are required (backends
+    cute, cuda). Without CUDA nothing can be seen: the lists are empty and "skipped" says so (a
+    candidate judged on CUDA is then judged on those empty lists).
 
     A profile with no device event at all may be the profiler's failure, not the candidate's: CUPTI
     can fail to start (CUPTI_ERROR_NOT_INITIALIZED, seen once in 39 evaluations on the H200, an honest
-    candidate then rejected). A canary (one aten kernel of this function's own, profiled alone) then
-    tells the two apart: seen, the forward is profiled once more and that profile counts; not seen,
-    "skipped" says the profiler saw nothing, which the parent reports as not a verdict on the candidate.
-    A candidate that breaks the profiler itself gains nothing: it is not accepted either way.
+    candidate then rejected). A canary (one kernel of this function's own, profiled alone) then tells
+    the two apart: seen, the forward is profiled once more and that profile counts; not seen although
+    it ran (its result is 1), "blind" is set, which the parent reports as not a verdict on the
+    candidate. A canary that did not run (a candidate in the way) leaves the empty profile to be
+    judged. Either way a candidate that breaks the profiler is not accepted.
     """
     result: dict[str, Any] = {"kernels": [], "own_kernels": [], "library_kernels": [],
-                              "prep_kernels": [], "skipped": None}
+                              "prep_kernels": [], "skipped": None, "blind": False}
     if not torch.cuda.is_available():
         result["skipped"] = "no CUDA device: the kernel audit needs one"
         return result
     names = _profiled_kernel_names(fn, inputs)
     if not names:
-        canary = torch.zeros(1, device="cuda")
-        if not _profiled_kernel_names(lambda t: t.add_(1), [canary]):
+        canary = _CANARY_ZEROS(1, device="cuda")
+        seen = _profiled_kernel_names(lambda t: _CANARY_ADD(t, 1), [canary])
+        if not seen and float(canary.item()) == 1.0:
             result["skipped"] = ("the profiler recorded no device activity, not even a kernel of the judge's own"
                                  " (CUPTI did not start)")
+            result["blind"] = True
             return result
-        names = _profiled_kernel_names(fn, inputs)
+        if seen:
+            names = _profiled_kernel_names(fn, inputs)
     for name in names:
         if name not in result["kernels"]:
             result["kernels"].append(name)
@@ -186,8 +199,6 @@ def audit_kernels(fn: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, An
 
 def _profiled_kernel_names(fn: Callable[..., Any], inputs: Sequence[Any]) -> list[str]:
     """The device-side events of `fn(*inputs)`, run once under the profiler (_cuda_kernel_names)."""
-    from torch.profiler import ProfilerActivity, profile  # lazy: loading torch takes seconds
-
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn(*inputs)

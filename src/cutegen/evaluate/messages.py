@@ -328,22 +328,24 @@ class AnticheatReply(AfterImport):
 @dataclass(frozen=True)
 class KernelAuditReply(AfterImport):
     """The answer to `kernel_audit` (runner.kernel_audit, checks_dynamic.audit_kernels): the kernels one
-    forward launched, sorted into the candidate's own and the libraries'; `skipped`, why the profiler
-    could see none (not the candidate's failure), else None."""
+    forward launched, sorted into the candidate's own and the libraries'; `blind`, the profiler saw
+    no device activity, not even the judge's canary (then no kernel is listed)."""
 
     own_kernels: tuple[str, ...]
     library_kernels: tuple[str, ...]
-    skipped: str | None = None
+    blind: bool = False
 
     @classmethod
     def parse(cls, data: Any) -> "KernelAuditReply":
         data = _object(data, "a kernel audit's reply")
         kernels = _object(data.get("kernels"), "kernels")
-        skipped = kernels.get("skipped")
-        if skipped is not None and not isinstance(skipped, str):
-            raise ReplyMalformed(f"kernels.skipped holds {skipped!r}: a reason, or null")
-        return cls(_strings(kernels, "own_kernels"), _strings(kernels, "library_kernels"), skipped or None,
-                   **_integrity(data))
+        own, library, blind = _strings(kernels, "own_kernels"), _strings(kernels, "library_kernels"), \
+            kernels.get("blind", False)
+        if not isinstance(blind, bool):
+            raise ReplyMalformed(f"kernels.blind holds {blind!r}: true or false")
+        if blind and (own or library):
+            raise ReplyMalformed("a blind kernel audit lists kernels it cannot have seen")
+        return cls(own, library, blind, **_integrity(data))
 
     def checked(self) -> dict[str, Any]:
         """The audit as anticheat.judge_dynamic_checks reads it."""

@@ -400,11 +400,12 @@ def _judge_kernel_audit(run: VerdictBuilder, kernels: KernelAuditReply, config: 
     """The kernel audit's reply: the integrity it reports, then its kernels; where the profiler saw
     nothing at all (checks_dynamic.audit_kernels: not even the judge's canary), not a verdict on the
     candidate."""
-    _judge_integrity(run, kernels)
-    if kernels.skipped:
+    _judge_integrity(run, kernels)  # first: a candidate that tampered is judged on that
+    if kernels.blind:
         run.set(infrastructure=True)
-        run.fail("kernel_audit_unavailable", f"Not a verdict on the candidate: {kernels.skipped}, so the kernels"
-                 " its forward launched could not be audited. Evaluate it again; if this repeats, check that the"
+        run.fail("kernel_audit_unavailable", "Not a verdict on the candidate: the profiler recorded no device"
+                 " activity, not even a kernel of the judge's own (CUPTI did not start), so the kernels its"
+                 " forward launched could not be audited. Evaluate it again; if this repeats, check that the"
                  " CUDA profiler (CUPTI) works on this machine.")
     _judge_anticheat(run, kernels.checked(), config)
 

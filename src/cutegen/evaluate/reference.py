@@ -76,7 +76,10 @@ class ReferenceSession:
 
         self.job = job
         self.device = torch.device("cuda", 0) if job["device"] == "cuda" else torch.device("cpu")
-        self.comparisons_short = False  # a timed call's comparison ran out of memory (_short_of_room)
+        # A timed call's comparison ran out of memory, here or in the parent's first attempt (the
+        # worker gave its blocks back then): from then on, for every later candidate of the task too,
+        # a comparison gives its blocks back (_short_of_room).
+        self.comparisons_short = False
         if not job.get("reusable"):
             _not_dumpable()
         apply_track(job["track"])
@@ -335,7 +338,7 @@ class ReferenceSession:
             # Back to the driver when the candidate's later batches may need the room. Kept, a block
             # still holds this call's reference output, which answers inputs no later call gets.
             freed = self._empty_cache() if self._short_of_room() else 0
-        return {**result, "freed_bytes": freed}
+        return {**result, "freed_bytes": freed, "memory_bytes": self.memory_bytes()}  # after the give-back
 
     def _short_of_room(self) -> bool:
         """Whether a timed call's comparison gives its blocks back (KEEP_CACHE_FREE_SHARE): one of the
