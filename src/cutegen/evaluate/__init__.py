@@ -24,7 +24,9 @@ Threat analysis of the per-task reference process (EVALUATION.md's guarantees, a
   _empty_cache: after the ghost probe's perturbed forwards, which would otherwise hold tens of GB
   of a gigabyte task, and in `give_back`, right before the candidate's timing), and each candidate's
   first correctness call, its determinism calls, its ghost-probe calls and its timing run on
-  NaN-churned memory, so stale device memory holds nothing of the reference's.
+  NaN-churned memory, so stale device memory holds nothing of the reference's. A timed call's
+  comparison (compare_fresh) gives its blocks back between the timed batches only where the device
+  is short of room; what they held answers that call's inputs, which no later call gets.
 - Fresh inputs: the candidate's worker draws every trial's inputs itself from the trial's seed,
   which reaches it only when that trial runs; their fingerprints must equal the reference's draw
   (a mismatch is the task's error: get_inputs() that does not depend on the seed alone).
