@@ -476,17 +476,16 @@ class Agent:
             self.journal.append("evaluate_retry", eval_key=key, **to_json(retry))
 
         try:
-            verdict = self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
-                                             device_available=available, on_retry=on_retry)
-            for attempt in range(1, INFRASTRUCTURE_RETRIES + 1):
-                if not verdict.infrastructure:
-                    break
-                # Not a verdict on the candidate (a GPU shared past the evaluator's own waits, a blind
-                # profiler, a failed reference process): judged again before the model is told it failed.
-                on_retry(EvaluateRetry(task.task_id, candidate.sha256, attempt,
-                                       f"{verdict.failure}: not a verdict on the candidate", "the evaluator"))
+            for attempt in range(INFRASTRUCTURE_RETRIES + 1):
+                if attempt:
+                    # Not a verdict on the candidate (a GPU shared past the evaluator's own waits, a blind
+                    # profiler, a failed reference process): judged again before the model is told it failed.
+                    on_retry(EvaluateRetry(task.task_id, candidate.sha256, attempt,
+                                           f"{verdict.failure}: not a verdict on the candidate", "the evaluator"))
                 verdict = self.executor.evaluate(self.journal.run_dir / path, task, self.eval_config,
                                                  device_available=available, on_retry=on_retry)
+                if not verdict.infrastructure:
+                    break
             return verdict
         except NeedsDevice:
             return None

@@ -18,12 +18,12 @@ Record kinds: `run` (first line: settings and tasks), `session` (each start or r
 (a model call returned: written before its candidate is evaluated, so a kill never repeats a paid
 call; a `directions` call of a beam search has a reply and no step), `evaluate` (an evaluation
 started), `evaluate_retry` (it was sent again: the process or cluster node running it died, or its
-verdict was not one on the candidate; records.EvaluateRetry), `step` (a `records.Step`: call, candidate or bad reply, verdict, and its place
-in the search tree: parent candidate, direction, idea), `profile` (profiler text of a kernel),
-`task_end` (why a task stopped), `library_examples` (the kernel library's examples a task's prompts
-show, chosen when it first starts: library.examples_for_task), `exit` (a session ended, with its
-status). Side-by-side steps are appended as their evaluations finish; their indices keep the order
-they were asked in.
+verdict was not one on the candidate; records.EvaluateRetry), `step` (a `records.Step`: call,
+candidate or bad reply, verdict, and its place in the search tree: parent candidate, direction,
+idea), `profile` (profiler text of a kernel), `task_end` (why a task stopped), `library_examples`
+(the kernel library's examples a task's prompts show, chosen when it first starts:
+library.examples_for_task), `exit` (a session ended, with its status). Side-by-side steps are
+appended as their evaluations finish; their indices keep the order they were asked in.
 
 Each line is flushed and fsynced before the program goes on. A kill loses at most the record being
 written: a torn last line is cut off when the journal is opened again.

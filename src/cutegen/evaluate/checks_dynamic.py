@@ -656,8 +656,6 @@ def churn_free_memory(device: torch.device | str) -> int:
             block.fill_(0xFF)
             blocks.append(block)
         torch.cuda.synchronize()
-        filled = sum(block.numel() for block in blocks)
         del blocks
-        torch.cuda.empty_cache()
-    return cached + filled
+        return cached + give_back_cached()
 

@@ -280,7 +280,7 @@ class CandidateSession:
         limit = warm_up(self._model(0), self._draw(payload["seeds"]), device=self.device, calls=len(payload["seeds"]))
         if self.idle_limit_ms is None:
             self.idle_limit_ms = limit
-        waited = wait_for_scrub(freed, time.perf_counter() - began) if self.hooks.cuda else 0.0
+        waited = wait_for_scrub(freed, time.perf_counter() - began)  # nothing freed on a CPU: no wait
         return {"idle_limit_ms": self.idle_limit_ms, "scrub_wait_s": waited, **self._integrity()}
 
     def timed_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
