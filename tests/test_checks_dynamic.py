@@ -506,10 +506,20 @@ def test_cute_dynamic_cheat_kernels_compile_for_sm90a(path, shared_build_cache):
     from cutegen.config import RuntimeConfig
     from cutegen.runtime import find_kernels
 
+    import os
+
+    from compile_record import RECHECK, record_key, recorded, remember
+    from cutegen.runtime import library_key
+
     kernels = find_kernels(_load(path))
     assert [k.name for k in kernels] == ["tile_copy"]
-    result = kernels[0].build(RuntimeConfig(cache_dir=shared_build_cache, arch="sm_90a"))
-    assert result.library_path.is_file() and result.arch == "sm_90a"
+    config = RuntimeConfig(cache_dir=shared_build_cache, arch="sm_90a")
+    key = library_key(kernels[0].source, config)
+    if not os.environ.get(RECHECK) and record_key(key) in recorded():
+        pytest.skip(f"{path.name}: built with these exact inputs before (tests/compile_record.py)")
+    result = kernels[0].build(config)
+    assert result.library_path.is_file() and result.arch == "sm_90a" and result.cache_key == key
+    remember(path.name, [key], result.nvcc_version)
 
 
 @pytest.mark.parametrize(

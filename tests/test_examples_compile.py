@@ -1,6 +1,6 @@
 """Every shipped example candidate compiles: each CuteKernel in examples/candidates/*.py is built
 with nvcc for sm_90a (compile-only: no GPU needed). Marked nvcc; skipped when nvcc or the CUTLASS
-headers are missing."""
+headers are missing, and for an example whose exact inputs compiled before (tests/compile_record.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from cutegen.config import RuntimeConfig
-from cutegen.runtime import find_kernels
+from cutegen.runtime import check_key, find_kernels
 
+from compile_record import remember, skip_if_compiled_before
 from helpers import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,10 +43,41 @@ def test_candidate_declares_kernels_and_a_model(path):
 @pytest.mark.parametrize("path", CANDIDATES, ids=[p.stem for p in CANDIDATES])
 def test_candidate_kernels_compile_for_sm90a(path, tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
-    for kernel in find_kernels(_import(path)):
+    kernels = find_kernels(_import(path))
+    keys = [check_key(kernel.source, config) for kernel in kernels]
+    skip_if_compiled_before(path.name, keys)  # tests/compile_record.py: the same inputs passed before
+    for kernel, key in zip(kernels, keys):
         started = time.perf_counter()
         # The device code alone (nvcc -cubin; the front end checks the launchers too): the full builds
         # are the GPU tests' (tests/test_fixtures_gpu.py judges every example candidate).
         result = kernel.check(config)  # raises BuildError with the distilled errors on failure
         print(f"{path.name}:{kernel.name}: cold device compile {time.perf_counter() - started:.1f} s")
-        assert not result.cached and result.library_path.is_file()
+        assert not result.cached and result.library_path.is_file() and result.cache_key == key
+    remember(path.name, keys, result.nvcc_version)
+
+
+@needs_nvcc
+def test_the_record_skips_only_the_very_inputs_that_compiled(tmp_path, monkeypatch):
+    """A recorded key skips its check; one more byte of source, another host compiler, or
+    CUTEGEN_TEST_RECOMPILE=1 compiles again, and without CUTEGEN_TEST_RECORD_COMPILES nothing is written."""
+    import compile_record
+
+    record = tmp_path / "compiled.jsonl"
+    config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
+    source = find_kernels(_import(CANDIDATES[0]))[0].source
+    key = check_key(source, config)
+    monkeypatch.delenv(compile_record.RECHECK, raising=False)
+    monkeypatch.delenv(compile_record.WRITE, raising=False)
+    compile_record.remember("x", [key], "13.0", record)
+    assert not record.exists()
+    monkeypatch.setenv(compile_record.WRITE, "1")
+    compile_record.remember("x", [key], "13.0", record)
+    with pytest.raises(pytest.skip.Exception):
+        compile_record.skip_if_compiled_before("x", [key], record)
+    compile_record.skip_if_compiled_before("x", [check_key(source + " ", config)], record)  # edited: runs
+    compile_record.skip_if_compiled_before("x", [key, check_key(source + " ", config)], record)
+    monkeypatch.setenv(compile_record.RECHECK, "1")
+    compile_record.skip_if_compiled_before("x", [key], record)
+    monkeypatch.delenv(compile_record.RECHECK)
+    monkeypatch.setattr(compile_record, "host_compiler", lambda: "clang 99")
+    compile_record.skip_if_compiled_before("x", [key], record)

@@ -1,12 +1,15 @@
 """The pitfalls of the knowledge pack stay true: each snippet in tests/pitfalls/ fails to build with
 nvcc for sm_90a (through the project's runtime, headers and flags) and the distilled error holds the
-message that pitfalls.md quotes (its `// Expect:` line; test_knowledge.py checks the two lists agree).
+message that pitfalls.md quotes (its `// Expect:` line; test_knowledge.py checks the two lists agree);
+a snippet whose exact inputs gave that error before is not compiled again (tests/compile_record.py).
 The code the cuda backend's prompts show compiles: the plain-CUDA pack's snippets (which its excerpts
 are slices of) and the contract's example. Marked nvcc (compile-only, no GPU); skipped when nvcc or
 the CUTLASS headers are missing."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +19,10 @@ import pytest
 
 from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError
-from cutegen.runtime import build_library, check_compiles
+from cutegen.runtime import build_library, check_compiles, check_key, distill, find_nvcc, library_key, nvcc_release, \
+    nvcc_version
 
+from compile_record import RECHECK, record_key, recorded, remember
 from helpers import needs_nvcc
 
 SNIPPETS = sorted((Path(__file__).resolve().parent / "pitfalls").glob("*.cu"))
@@ -35,13 +40,30 @@ def _build(path: Path, config: RuntimeConfig) -> tuple[str, float, str | None]:
     return path.name, time.perf_counter() - started, None
 
 
+def _record_keys(path: Path, config: RuntimeConfig, expected: str) -> list[str]:
+    """What a snippet's outcome depends on (tests/compile_record.py): the keys of its device check and
+    of its build, the code that distills nvcc's errors, and the error quoted. None for a snippet the
+    pre-nvcc check names (it costs nothing)."""
+    source = path.read_text()
+    try:
+        distiller = hashlib.sha256(Path(distill.__file__).read_bytes()).hexdigest()
+        return [f"{check_key(source, config)} {library_key(source, config)} {distiller} expect: {expected}"]
+    except BuildError:
+        return []
+
+
 @pytest.mark.nvcc
 @needs_nvcc
 def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     expected = {p.name: re.search(r"^// Expect: (.+)$", p.read_text(), re.M).group(1) for p in SNIPPETS}
+    keys = {p.name: _record_keys(p, config, expected[p.name]) for p in SNIPPETS}
+    done = recorded()
+    todo = [p for p in SNIPPETS if os.environ.get(RECHECK) or not keys[p.name]
+            or not all(record_key(k) in done for k in keys[p.name])]
+    print(f"{len(SNIPPETS) - len(todo)} snippets gave their quoted error with these exact inputs before")
     with ThreadPoolExecutor(max_workers=2) as pool:  # nvcc is single-threaded; CI machines have 2 cores
-        results = list(pool.map(lambda p: _build(p, config), SNIPPETS))
+        results = list(pool.map(lambda p: _build(p, config), todo))
     wrong = []
     for name, seconds, distilled in results:
         print(f"{name}: {seconds:.1f} s")
@@ -49,6 +71,8 @@ def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
             wrong.append(f"{name} built without an error")
         elif expected[name] not in distilled:
             wrong.append(f"{name}: expected {expected[name]!r} in:\n{distilled}")
+        else:
+            remember(name, keys[name], nvcc_release(nvcc_version(find_nvcc(config))))
     assert not wrong, "\n\n".join(wrong)
 
 

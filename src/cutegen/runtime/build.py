@@ -277,6 +277,12 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
                            runtime_source(source), config.nvcc_timeout_s, LIBRARY_NAME)
 
 
+def library_key(source: str, config: RuntimeConfig) -> str:
+    """The cache key `build_library` gives `source` under `config`, without compiling (`build_key`)."""
+    _, include, arch, version = _toolchain(source, config)
+    return build_key(source, arch, version, headers_id(include), config.extra_flags)
+
+
 def _toolchain(source: str, config: RuntimeConfig) -> tuple[str, Path, str, str]:
     """nvcc, the CUTLASS include folder, the arch and nvcc's version, once `precheck` has named any
     mistake nvcc would report misleadingly."""
@@ -320,13 +326,24 @@ def check_compiles(source: str, config: RuntimeConfig) -> BuildResult:
     Weaker than a build: what only the host compiler or the link reports (an `extern "C"` launcher
     declared but not defined) passes here. Raises as `build_library` does."""
     nvcc, include, arch, version = _toolchain(source, config)
+    key = _check_key(source, include, arch, version, config)
     device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
-    full_source = runtime_source(source)
-    key = cache_key(full_source, [*device_flags, *config.extra_flags], arch, version, headers_id(include))
     cache_dir = Path(config.cache_dir).expanduser()
     return _compile_cached(cache_dir, cache_dir / "checks" / key, key, arch, version,
-                           [nvcc, *device_flags, "-I", str(include), *config.extra_flags], full_source,
+                           [nvcc, *device_flags, "-I", str(include), *config.extra_flags], runtime_source(source),
                            config.nvcc_timeout_s, CUBIN_NAME)
+
+
+def check_key(source: str, config: RuntimeConfig) -> str:
+    """The cache key `check_compiles` gives `source` under `config`, without compiling: its content with
+    the runtime's footer, the flags, the arch, nvcc's version and the headers' id (no path)."""
+    _, include, arch, version = _toolchain(source, config)
+    return _check_key(source, include, arch, version, config)
+
+
+def _check_key(source: str, include: Path, arch: str, version: str, config: RuntimeConfig) -> str:
+    device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
+    return cache_key(runtime_source(source), [*device_flags, *config.extra_flags], arch, version, headers_id(include))
 
 
 # -------------------------------------------------------------------------------------- compile
