@@ -502,14 +502,12 @@ def test_the_cute_dynamic_cheats_are_found():
 def test_cute_dynamic_cheat_kernels_compile_for_sm90a(path, shared_build_cache):
     """Their dynamic checks come after the build: a kernel that did not compile would stop them at
     the build stage (compile-only, no GPU needed). The fixtures share one copy kernel, so one cache
-    builds it once."""
-    from cutegen.config import RuntimeConfig
-    from cutegen.runtime import find_kernels
-
+    builds it once; not at all when its exact inputs built before (tests/compile_record.py)."""
     import os
 
     from compile_record import RECHECK, record_key, recorded, remember
-    from cutegen.runtime import library_key
+    from cutegen.config import RuntimeConfig
+    from cutegen.runtime import find_kernels, library_key
 
     kernels = find_kernels(_load(path))
     assert [k.name for k in kernels] == ["tile_copy"]

@@ -44,6 +44,7 @@ def test_candidate_declares_kernels_and_a_model(path):
 def test_candidate_kernels_compile_for_sm90a(path, tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     kernels = find_kernels(_import(path))
+    assert kernels, f"{path.name} declares no CuteKernel"
     keys = [check_key(kernel.source, config) for kernel in kernels]
     skip_if_compiled_before(path.name, keys)  # tests/compile_record.py: the same inputs passed before
     for kernel, key in zip(kernels, keys):

@@ -42,8 +42,8 @@ def _build(path: Path, config: RuntimeConfig) -> tuple[str, float, str | None]:
 
 def _record_keys(path: Path, config: RuntimeConfig, expected: str) -> list[str]:
     """What a snippet's outcome depends on (tests/compile_record.py): the keys of its device check and
-    of its build, the code that distills nvcc's errors, and the error quoted. None for a snippet the
-    pre-nvcc check names (it costs nothing)."""
+    of its build, the code that distills nvcc's errors, and the error quoted. Empty for a snippet the
+    pre-nvcc check names (it costs nothing, so it always runs)."""
     source = path.read_text()
     try:
         distiller = hashlib.sha256(Path(distill.__file__).read_bytes()).hexdigest()
