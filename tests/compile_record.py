@@ -49,26 +49,35 @@ def recorded(path: Path = RECORD) -> frozenset[str]:
     return frozenset(json.loads(line)["key"] for line in path.read_text(encoding="utf-8").splitlines() if line)
 
 
-def skip_if_compiled_before(what: str, check_keys: list[str], path: Path = RECORD) -> None:
-    """Skip the calling test when every one of `check_keys` is in the record (and RECHECK is unset)."""
+def compiled_before(check_keys: list[str], path: Path = RECORD) -> bool:
+    """Whether every one of `check_keys` (at least one) is in the record, and RECHECK is unset."""
     if os.environ.get(RECHECK) or not check_keys:
-        return
+        return False
     done = recorded(path)
-    if all(record_key(k) in done for k in check_keys):
+    return all(record_key(k) in done for k in check_keys)
+
+
+def skip_if_compiled_before(what: str, check_keys: list[str], path: Path = RECORD) -> None:
+    """Skip the calling test when `compiled_before(check_keys)`."""
+    if compiled_before(check_keys, path):
         pytest.skip(f"{what}: compiled with these exact inputs before ({path.name}); {RECHECK}=1 compiles it again")
 
 
-def remember(what: str, check_keys: list[str], nvcc_release: str, path: Path = RECORD) -> None:
+def remember(what: str, check_keys: list[str], path: Path = RECORD) -> None:
     """Append `check_keys`, which compiled, to the record (only with WRITE set; each line is one
     O_APPEND write, so parallel test workers do not interleave)."""
     if not os.environ.get(WRITE):
         return
+    from cutegen.config import RuntimeConfig
+    from cutegen.runtime import find_nvcc, nvcc_release, nvcc_version
+
+    release = nvcc_release(nvcc_version(find_nvcc(RuntimeConfig())))
     done = recorded(path)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     for key in check_keys:
         if record_key(key) in done:
             continue
-        line = json.dumps({"key": record_key(key), "compiled": what, "nvcc": nvcc_release, "host": host_compiler(),
+        line = json.dumps({"key": record_key(key), "compiled": what, "nvcc": release, "host": host_compiler(),
                            "recorded_utc": now}) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -5,7 +5,6 @@ compile-only; one whose exact inputs built before is not built again (tests/comp
 from __future__ import annotations
 
 import json
-import os
 import types
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from cutegen.evaluate.checks_static import run_static_checks
 from cutegen.extract import extract_candidate
 from cutegen.runtime import find_kernels, library_key
 
-from compile_record import RECHECK, record_key, recorded, remember
+from compile_record import compiled_before, remember
 from helpers import needs_nvcc
 
 REPLAYS = Path(__file__).resolve().parents[1] / "examples" / "replays"
@@ -64,12 +63,11 @@ def test_kernel_replies_compile_except_the_broken_first(name, shared_build_cache
     with pytest.raises(BuildError) as err:
         _kernel(first["text"]).build(config)
     assert FIRST_ERRORS[name] in err.value.distilled
-    done = recorded()
     for line in fixed:
         kernel = _kernel(line["text"])
         key = library_key(kernel.source, config)
-        if not os.environ.get(RECHECK) and record_key(key) in done:
+        if compiled_before([key]):
             continue  # built with these exact inputs before (tests/compile_record.py)
         result = kernel.build(config)
         assert result.arch == "sm_90a" and result.library_path.is_file() and result.cache_key == key
-        remember(f"{name}: {line['stage']}", [key], result.nvcc_version)
+        remember(f"{name}: {line['stage']}", [key])

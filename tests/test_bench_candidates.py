@@ -6,7 +6,6 @@ except the one meant not to. The GPU verdicts themselves: tests/test_bench_evalu
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,10 +16,10 @@ from cutegen import bench
 from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError
 from cutegen.evaluate.checks_static import run_static_checks
-from cutegen.runtime import check_key, find_kernels, find_nvcc, nvcc_release, nvcc_version
+from cutegen.runtime import check_key, find_kernels
 from cutegen.tasks import load_tasks
 
-from compile_record import RECHECK, record_key, recorded, remember
+from compile_record import compiled_before, remember
 from helpers import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,9 +68,7 @@ def test_cute_sources_compile_for_sm90a_except_the_broken_build(tmp_path):
     # (tests/compile_record.py); the broken build always is.
     keys = {p.name: [check_key(k.source, config) for k in find_kernels(_import(p))]
             for p in FILES if expectation(p)[0] == "pass"}
-    done = recorded()
-    paths = [p for p in FILES if expectation(p)[0] == "build" or p.name in keys and (
-        os.environ.get(RECHECK) or not all(record_key(k) in done for k in keys[p.name]))]
+    paths = [p for p in FILES if expectation(p)[0] == "build" or p.name in keys and not compiled_before(keys[p.name])]
 
     def build(path: Path) -> tuple[str, str | None]:
         try:
@@ -88,4 +85,4 @@ def test_cute_sources_compile_for_sm90a_except_the_broken_build(tmp_path):
             assert outcomes[path.name] and "swish" in outcomes[path.name], outcomes[path.name]
         else:
             assert outcomes[path.name] is None, f"{path.name}: {outcomes[path.name]}"
-            remember(path.name, keys[path.name], nvcc_release(nvcc_version(find_nvcc(config))))
+            remember(path.name, keys[path.name])

@@ -503,9 +503,7 @@ def test_cute_dynamic_cheat_kernels_compile_for_sm90a(path, shared_build_cache):
     """Their dynamic checks come after the build: a kernel that did not compile would stop them at
     the build stage (compile-only, no GPU needed). The fixtures share one copy kernel, so one cache
     builds it once; not at all when its exact inputs built before (tests/compile_record.py)."""
-    import os
-
-    from compile_record import RECHECK, record_key, recorded, remember
+    from compile_record import remember, skip_if_compiled_before
     from cutegen.config import RuntimeConfig
     from cutegen.runtime import find_kernels, library_key
 
@@ -513,11 +511,10 @@ def test_cute_dynamic_cheat_kernels_compile_for_sm90a(path, shared_build_cache):
     assert [k.name for k in kernels] == ["tile_copy"]
     config = RuntimeConfig(cache_dir=shared_build_cache, arch="sm_90a")
     key = library_key(kernels[0].source, config)
-    if not os.environ.get(RECHECK) and record_key(key) in recorded():
-        pytest.skip(f"{path.name}: built with these exact inputs before (tests/compile_record.py)")
+    skip_if_compiled_before(path.name, [key])
     result = kernels[0].build(config)
     assert result.library_path.is_file() and result.arch == "sm_90a" and result.cache_key == key
-    remember(path.name, [key], result.nvcc_version)
+    remember(path.name, [key])
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_candidate_kernels_compile_for_sm90a(path, tmp_path):
         result = kernel.check(config)  # raises BuildError with the distilled errors on failure
         print(f"{path.name}:{kernel.name}: cold device compile {time.perf_counter() - started:.1f} s")
         assert not result.cached and result.library_path.is_file() and result.cache_key == key
-    remember(path.name, keys, result.nvcc_version)
+    remember(path.name, keys)
 
 
 @needs_nvcc
@@ -69,10 +69,10 @@ def test_the_record_skips_only_the_very_inputs_that_compiled(tmp_path, monkeypat
     key = check_key(source, config)
     monkeypatch.delenv(compile_record.RECHECK, raising=False)
     monkeypatch.delenv(compile_record.WRITE, raising=False)
-    compile_record.remember("x", [key], "13.0", record)
+    compile_record.remember("x", [key], record)
     assert not record.exists()
     monkeypatch.setenv(compile_record.WRITE, "1")
-    compile_record.remember("x", [key], "13.0", record)
+    compile_record.remember("x", [key], record)
     with pytest.raises(pytest.skip.Exception):
         compile_record.skip_if_compiled_before("x", [key], record)
     compile_record.skip_if_compiled_before("x", [check_key(source + " ", config)], record)  # edited: runs

@@ -9,7 +9,6 @@ the CUTLASS headers are missing."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,9 @@ import pytest
 
 from cutegen.config import RuntimeConfig
 from cutegen.errors import BuildError
-from cutegen.runtime import build_library, check_compiles, check_key, distill, find_nvcc, library_key, nvcc_release, \
-    nvcc_version
+from cutegen.runtime import build_library, check_compiles, check_key, distill, library_key
 
-from compile_record import RECHECK, record_key, recorded, remember
+from compile_record import compiled_before, remember
 from helpers import needs_nvcc
 
 SNIPPETS = sorted((Path(__file__).resolve().parent / "pitfalls").glob("*.cu"))
@@ -58,9 +56,7 @@ def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
     config = RuntimeConfig(cache_dir=tmp_path / "cache", arch="sm_90a")
     expected = {p.name: re.search(r"^// Expect: (.+)$", p.read_text(), re.M).group(1) for p in SNIPPETS}
     keys = {p.name: _record_keys(p, config, expected[p.name]) for p in SNIPPETS}
-    done = recorded()
-    todo = [p for p in SNIPPETS if os.environ.get(RECHECK) or not keys[p.name]
-            or not all(record_key(k) in done for k in keys[p.name])]
+    todo = [p for p in SNIPPETS if not compiled_before(keys[p.name])]
     print(f"{len(SNIPPETS) - len(todo)} snippets gave their quoted error with these exact inputs before")
     with ThreadPoolExecutor(max_workers=2) as pool:  # nvcc is single-threaded; CI machines have 2 cores
         results = list(pool.map(lambda p: _build(p, config), todo))
@@ -72,7 +68,7 @@ def test_every_pitfall_snippet_gives_the_quoted_error(tmp_path):
         elif expected[name] not in distilled:
             wrong.append(f"{name}: expected {expected[name]!r} in:\n{distilled}")
         else:
-            remember(name, keys[name], nvcc_release(nvcc_version(find_nvcc(config))))
+            remember(name, keys[name])
     assert not wrong, "\n\n".join(wrong)
 
 

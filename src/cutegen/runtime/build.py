@@ -267,7 +267,7 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
     """
     nvcc, include, arch, version = _toolchain(source, config)
     flags = nvcc_flags(arch, include, config.extra_flags)
-    key = build_key(source, arch, version, headers_id(include), config.extra_flags)
+    key = _library_key(source, include, arch, version, config)
     if config.shared_cache_dir is not None:  # read, never written (a candidate's worker)
         hit = _cached(Path(config.shared_cache_dir).expanduser() / key[:2] / key, key, arch, version)
         if hit is not None:
@@ -280,6 +280,10 @@ def build_library(source: str, config: RuntimeConfig) -> BuildResult:
 def library_key(source: str, config: RuntimeConfig) -> str:
     """The cache key `build_library` gives `source` under `config`, without compiling (`build_key`)."""
     _, include, arch, version = _toolchain(source, config)
+    return _library_key(source, include, arch, version, config)
+
+
+def _library_key(source: str, include: Path, arch: str, version: str, config: RuntimeConfig) -> str:
     return build_key(source, arch, version, headers_id(include), config.extra_flags)
 
 
@@ -327,11 +331,10 @@ def check_compiles(source: str, config: RuntimeConfig) -> BuildResult:
     declared but not defined) passes here. Raises as `build_library` does."""
     nvcc, include, arch, version = _toolchain(source, config)
     key = _check_key(source, include, arch, version, config)
-    device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
     cache_dir = Path(config.cache_dir).expanduser()
     return _compile_cached(cache_dir, cache_dir / "checks" / key, key, arch, version,
-                           [nvcc, *device_flags, "-I", str(include), *config.extra_flags], runtime_source(source),
-                           config.nvcc_timeout_s, CUBIN_NAME)
+                           [nvcc, *_device_flags(arch), "-I", str(include), *config.extra_flags],
+                           runtime_source(source), config.nvcc_timeout_s, CUBIN_NAME)
 
 
 def check_key(source: str, config: RuntimeConfig) -> str:
@@ -342,8 +345,13 @@ def check_key(source: str, config: RuntimeConfig) -> str:
 
 
 def _check_key(source: str, include: Path, arch: str, version: str, config: RuntimeConfig) -> str:
-    device_flags = [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
-    return cache_key(runtime_source(source), [*device_flags, *config.extra_flags], arch, version, headers_id(include))
+    return cache_key(runtime_source(source), [*_device_flags(arch), *config.extra_flags], arch, version,
+                     headers_id(include))
+
+
+def _device_flags(arch: str) -> list[str]:
+    """nvcc's flags for the device code alone (check_compiles), without the include folder."""
+    return [f for f in nvcc_flags(arch, None) if f not in _LIBRARY_ONLY_FLAGS] + ["-cubin"]
 
 
 # -------------------------------------------------------------------------------------- compile
